@@ -1,0 +1,85 @@
+"""Independent reference of the Chunk Cache semantics: HF transformers (eager attention) with an
+explicit 4D float mask and explicit position ids, greedy, no KV cache (every step recomputes).
+
+The contract (DESIGN §2): SYS is causal; chunk C_i attends to SYS and causally within itself;
+the question and generated tokens attend to everything before them. Positions: `overlap` puts
+every chunk at `s..s+len(C_i)-1` and the question at `s + max len(C_i)`; `sequential` uses the
+positions of the plain concatenation. With no chunks this is ordinary causal decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Reference:
+    tokens: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    """Log-probability of each greedy token."""
+
+
+def segment_ids(sys_len: int, chunk_lens: list[int], total: int) -> torch.Tensor:
+    """0 for SYS, i for chunk i (1-based), -1 for the question and generated tokens."""
+    seg = torch.full((total,), -1, dtype=torch.long)
+    seg[:sys_len] = 0
+    start = sys_len
+    for i, n in enumerate(chunk_lens, start=1):
+        seg[start:start + n] = i
+        start += n
+    return seg
+
+
+def attention_mask(sys_len: int, chunk_lens: list[int], total: int) -> torch.Tensor:
+    """[1, 1, total, total] additive float mask (0 = may attend, finfo.min = may not)."""
+    seg = segment_ids(sys_len, chunk_lens, total)
+    q, k = seg[:, None], seg[None, :]
+    causal = torch.ones(total, total, dtype=torch.bool).tril()
+    # A chunk token sees SYS and its own chunk; SYS and question tokens see everything causal.
+    allowed = causal & ((q <= 0) | (k == 0) | (q == k))
+    mask = torch.zeros(total, total, dtype=torch.float32)
+    mask[~allowed] = torch.finfo(torch.float32).min
+    return mask[None, None]
+
+
+def position_ids(sys_len: int, chunk_lens: list[int], total: int, layout: str = "overlap") -> torch.Tensor:
+    pos = torch.arange(total)
+    if layout == "overlap" and chunk_lens:
+        chunk_pos = [torch.arange(sys_len, sys_len + n) for n in chunk_lens]
+        pos[sys_len:sys_len + sum(chunk_lens)] = torch.cat(chunk_pos)
+        q_start = sys_len + sum(chunk_lens)
+        pos[q_start:] = torch.arange(total - q_start) + sys_len + max(chunk_lens)
+    elif layout not in ("overlap", "sequential"):
+        raise ValueError(f"unknown layout {layout!r}")
+    return pos[None]
+
+
+@torch.no_grad()
+def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None,
+           chunk_lens: list[int] | None = None, layout: str = "overlap") -> Reference:
+    chunk_lens = chunk_lens or []
+    sys_len = len(prompt) if sys_len is None else sys_len
+    ids = list(prompt)
+    out = Reference(tokens=[])
+    for _ in range(max_tokens):
+        n = len(ids)
+        logits = model(
+            input_ids=torch.tensor([ids]),
+            attention_mask=attention_mask(sys_len, chunk_lens, n),
+            position_ids=position_ids(sys_len, chunk_lens, n, layout),
+        ).logits[0, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        token = int(logprobs.argmax())
+        out.tokens.append(token)
+        out.logprobs.append(float(logprobs[token]))
+        ids.append(token)
+    return out
+
+
+def load(model_dir) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                attn_implementation="eager").eval()

@@ -1,0 +1,67 @@
+"""A real patched vLLM engine on the tiny model: it starts with the plugin, carries the new
+request field, and decodes exactly like the independent HF reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hf_reference
+import msgspec
+import pytest
+
+PROMPTS = [
+    "The ferry leaves the harbour every hour, except on Sundays.",
+    "You are a helpful assistant. # # Document one. # # Document two. # # When?",
+    "日本語 café 😀 unicode prompt",
+]
+
+
+def test_engine_core_request_round_trips_chunk_metadata():
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.request import Request
+
+    from vllm_ascend_chunk.metadata import ChunkCacheInfo
+
+    info = ChunkCacheInfo(sys_len=3, chunk_lens=[2, 4], sys_hash=b"s", chunk_hashes=[b"a", b"b"])
+    req = EngineCoreRequest(
+        request_id="r", prompt_token_ids=list(range(12)), mm_features=None,
+        sampling_params=SamplingParams(max_tokens=1), pooling_params=None, arrival_time=0.0,
+        lora_request=None, cache_salt=None, data_parallel_rank=None, chunk_cache=info,
+    )
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=EngineCoreRequest)
+    assert decoded.chunk_cache == info
+    assert Request.from_engine_core_request(decoded, None).chunk_cache == info
+    assert info.chunk_span(1) == (5, 9) and info.question_start == 9
+
+    plain = msgspec.structs.replace(req, chunk_cache=None)
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(plain), type=EngineCoreRequest)
+    assert decoded.chunk_cache is None
+
+
+@pytest.mark.parametrize("max_tokens", [12])
+def test_greedy_generation_matches_hf_reference(tiny_llama_llm, models_dir: Path, max_tokens: int):
+    from vllm import SamplingParams
+
+    model = hf_reference.load(models_dir / "tiny-llama")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    for out in tiny_llama_llm.generate(PROMPTS, params):
+        ref = hf_reference.greedy(model, out.prompt_token_ids, max_tokens)
+        got = out.outputs[0]
+        assert list(got.token_ids) == ref.tokens
+        for step, token, want in zip(got.logprobs, got.token_ids, ref.logprobs, strict=True):
+            assert abs(step[token].logprob - want) < 2e-3
+
+
+def test_invalid_configuration_fails_start_up(models_dir: Path):
+    code = ("from vllm import LLM\n"
+            f"LLM({str(models_dir / 'tiny-llama')!r}, dtype='float32', max_model_len=512)\n")
+    env = {**os.environ, "VLLM_CHUNK_CACHE_LAYOUT": "diagonal"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0
+    assert "VLLM_CHUNK_CACHE_LAYOUT='diagonal' is invalid; accepted values: overlap, sequential" \
+        in result.stderr

@@ -1,0 +1,110 @@
+"""Configuration from the environment, validated once at start-up.
+
+| variable                          | default   | accepted                      |
+|-----------------------------------|-----------|-------------------------------|
+| `VLLM_ENABLE_CHUNK_CACHE`         | `true`    | true/false, 1/0, yes/no, on/off |
+| `VLLM_CHUNK_CACHE_SIZE_GB`        | `2.0`     | a number > 0                  |
+| `VLLM_CHUNK_CACHE_LRU_THRESHOLD`  | `0.9`     | a number in (0, 1]            |
+| `VLLM_CHUNK_CACHE_HASH_ALGORITHM` | `sha256`  | `sha256`, `xxhash`            |
+| `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
+| `VLLM_CHUNK_CACHE_LAYOUT`         | `overlap` | `overlap`, `sequential`       |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from collections.abc import Mapping
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
+"""Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
+LAYOUTS = ("overlap", "sequential")
+
+
+class ChunkCacheConfigError(ValueError):
+    """An environment variable holds a value the chunk cache does not accept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkCacheConfig:
+    enabled: bool = True
+    size_gb: float = 2.0
+    lru_threshold: float = 0.9
+    hash_algorithm: str = "sha256"
+    delimiter: str = "# #"
+    layout: str = "overlap"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
+        env = os.environ if env is None else env
+        defaults = cls()
+
+        def get(name: str, default: object) -> str:
+            return env.get(name, str(default)).strip()
+
+        return cls(
+            enabled=_parse_bool("VLLM_ENABLE_CHUNK_CACHE", get("VLLM_ENABLE_CHUNK_CACHE", "true")),
+            size_gb=_parse_float("VLLM_CHUNK_CACHE_SIZE_GB",
+                                 get("VLLM_CHUNK_CACHE_SIZE_GB", defaults.size_gb),
+                                 lambda v: v > 0, "a number greater than 0"),
+            lru_threshold=_parse_float("VLLM_CHUNK_CACHE_LRU_THRESHOLD",
+                                       get("VLLM_CHUNK_CACHE_LRU_THRESHOLD", defaults.lru_threshold),
+                                       lambda v: 0 < v <= 1, "a number in (0, 1]"),
+            hash_algorithm=_parse_choice("VLLM_CHUNK_CACHE_HASH_ALGORITHM",
+                                         get("VLLM_CHUNK_CACHE_HASH_ALGORITHM", defaults.hash_algorithm),
+                                         tuple(HASH_ALGORITHMS)),
+            delimiter=_parse_delimiter(env.get("VLLM_CHUNK_DELIMITER", defaults.delimiter)),
+            layout=_parse_choice("VLLM_CHUNK_CACHE_LAYOUT",
+                                 get("VLLM_CHUNK_CACHE_LAYOUT", defaults.layout), LAYOUTS),
+        )
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "Chunk Cache disabled (VLLM_ENABLE_CHUNK_CACHE=false): vLLM behaves as unpatched"
+        return (f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
+                f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
+                f"hash={self.hash_algorithm}")
+
+
+@functools.cache
+def get_config() -> ChunkCacheConfig:
+    """The process-wide configuration (read once; raises `ChunkCacheConfigError` if invalid)."""
+    return ChunkCacheConfig.from_env()
+
+
+def _error(name: str, value: str, accepted: str) -> ChunkCacheConfigError:
+    return ChunkCacheConfigError(f"{name}={value!r} is invalid; accepted values: {accepted}")
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise _error(name, value, "/".join(_TRUE) + " or " + "/".join(_FALSE))
+
+
+def _parse_float(name: str, value: str, ok, accepted: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise _error(name, value, accepted) from None
+    if not math.isfinite(number) or not ok(number):
+        raise _error(name, value, accepted)
+    return number
+
+
+def _parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value.lower() not in choices:
+        raise _error(name, value, ", ".join(choices))
+    return value.lower()
+
+
+def _parse_delimiter(value: str) -> str:
+    if not value.strip():
+        raise _error("VLLM_CHUNK_DELIMITER", value, "any text that is not blank")
+    return value.strip()
