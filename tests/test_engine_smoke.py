@@ -26,7 +26,8 @@ def test_engine_core_request_round_trips_chunk_metadata():
 
     from vllm_ascend_chunk.metadata import ChunkCacheInfo
 
-    info = ChunkCacheInfo(sys_len=3, chunk_lens=[2, 4], sys_hash=b"s", chunk_hashes=[b"a", b"b"])
+    info = ChunkCacheInfo(sys_len=3, chunk_lens=[2, 4], question_len=3, sys_hash=b"s",
+                          chunk_hashes=[b"a", b"b"])
     req = EngineCoreRequest(
         request_id="r", prompt_token_ids=list(range(12)), mm_features=None,
         sampling_params=SamplingParams(max_tokens=1), pooling_params=None, arrival_time=0.0,

@@ -92,9 +92,11 @@ def test_version_mismatch_is_refused_and_changes_nothing(scratch: Path):
 
 
 def test_conflict_is_reported_and_changes_nothing(scratch: Path):
+    patch_text = PATCHES[-1].read_text()
     victim = scratch / touched_files(PATCHES[-1])[0]
-    victim.write_text(victim.read_text().replace("self.", "self .", 1) if "self." in victim.read_text()
-                      else "# locally modified\n" + victim.read_text())
+    hunk = patch_text[patch_text.index("\n@@"):].splitlines()[2:]
+    context = next(line[1:] for line in hunk if line[:1] in " -" and line[1:].strip())
+    victim.write_text(victim.read_text().replace(context, context + "  # a local edit", 1))
     before = tree_bytes(scratch)
     result = run(target=scratch)
     assert result.returncode == 2

@@ -1,7 +1,7 @@
 """Chunk metadata carried by a request from the frontend into the engine core.
 
-Only lengths and hashes travel: the token ids are already on the request
-(`SYS + C_1 + ... + C_n + Q`), so spans are derived from the lengths.
+Only lengths and keys travel: the token ids are already on the request
+(`SYS + C_1 + ... + C_n + Q`), so every span is derived from the lengths.
 """
 
 from __future__ import annotations
@@ -10,20 +10,29 @@ import msgspec
 
 
 class ChunkCacheInfo(msgspec.Struct, array_like=True, frozen=True, omit_defaults=True):
-    """Chunk structure of one request: appended as the last field of `EngineCoreRequest`."""
+    """Chunk structure of one request (the trailing field of `EngineCoreRequest`).
+
+    The renderer fills the lengths; `InputProcessor` adds the keys (`frontend.keys`).
+    """
 
     sys_len: int
     """Number of SYSTEM tokens (BOS included when the request adds special tokens)."""
     chunk_lens: list[int]
     """Token count of each chunk, in prompt order."""
+    question_len: int
+    """Number of QUESTION tokens (the rest of the prompt)."""
     sys_hash: bytes = b""
-    """Position-free content key of the SYSTEM tokens (see `hashing`)."""
+    """Position-free content key of the SYSTEM tokens."""
     chunk_hashes: list[bytes] = []
-    """Position-free content key of each chunk, computed as SYS + C_i."""
+    """Position-free content key of each chunk, as computed after SYS (`SYS + C_i`)."""
 
     @property
     def num_chunks(self) -> int:
         return len(self.chunk_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.sys_len + sum(self.chunk_lens) + self.question_len
 
     @property
     def question_start(self) -> int:

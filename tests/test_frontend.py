@@ -1,0 +1,143 @@
+"""Chunked prompts become `SYS + C_1 + ... + C_n + Q` token ids plus chunk metadata, on every
+offline path; ordinary prompts are untouched. Expected ids come from the raw `tokenizers` file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_ascend_chunk.frontend.parser import ChunkPromptError
+from vllm_ascend_chunk.metadata import ChunkCacheInfo
+
+SYS = "You are a careful assistant."
+DOCS = ["The tea house opens at seven.", "Ferries leave hourly, except Sundays. 日本語 😀",
+        "A third document about naïve cafés."]
+QUESTION = "When does the ferry leave?"
+
+
+def chunked(sys: str, docs: list[str], q: str) -> str:
+    return " # # ".join([sys, *docs, q])
+
+
+@pytest.fixture(scope="module")
+def raw_tok(models_dir: Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
+
+
+def expected_ids(raw_tok, sys: str, docs: list[str], q: str, bos: bool = True):
+    parts = [raw_tok.encode(sys, add_special_tokens=bos).ids]
+    parts += [raw_tok.encode(t, add_special_tokens=False).ids for t in [*docs, q]]
+    return [t for p in parts for t in p], [len(p) for p in parts]
+
+
+def greedy(max_tokens: int = 4):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0)
+
+
+def test_generate_string_and_text_prompt(tiny_llama_llm, raw_tok, scheduled_requests):
+    ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
+    outs = tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION),
+                                    {"prompt": chunked(SYS, DOCS, QUESTION)}], greedy())
+    for out in outs:
+        assert out.prompt_token_ids == ids
+    for req in scheduled_requests:
+        info = req.chunk_cache
+        assert (info.sys_len, info.chunk_lens, info.question_len) == (lens[0], lens[1:-1], lens[-1])
+        assert len(info.chunk_hashes) == 3 and all(len(h) == 32 for h in [info.sys_hash, *info.chunk_hashes])
+        assert info.num_tokens == len(req.prompt_token_ids)
+
+
+def test_hashes_are_position_free_and_keyed(tiny_llama_llm, scheduled_requests):
+    a, b, c = DOCS
+    prompts = [
+        {"prompt": chunked(SYS, [a, b, c], QUESTION)},
+        {"prompt": chunked(SYS, [c, a], "Another question entirely?")},       # reordered, other request
+        {"prompt": chunked(SYS, [a, b], QUESTION), "cache_salt": "tenant-1"},  # other salt
+        {"prompt": chunked("Another system prompt.", [a], QUESTION)},          # other SYS
+    ]
+    tiny_llama_llm.generate(prompts, greedy(1))
+    base, reordered, salted, other_sys = (r.chunk_cache for r in scheduled_requests)
+    key = dict(zip(["a", "b", "c"], base.chunk_hashes, strict=True))
+    assert len(set(base.chunk_hashes)) == 3
+    assert reordered.sys_hash == base.sys_hash
+    assert reordered.chunk_hashes == [key["c"], key["a"]]
+    assert salted.sys_hash != base.sys_hash and not set(salted.chunk_hashes) & set(base.chunk_hashes)
+    assert other_sys.sys_hash != base.sys_hash and other_sys.chunk_hashes[0] != key["a"]
+
+
+def test_chat_parses_the_rendered_template(tiny_llama_llm, models_dir, raw_tok):
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "system", "content": SYS},
+                {"role": "user", "content": chunked("Context:", DOCS, QUESTION)}]
+    rendered = AutoTokenizer.from_pretrained(models_dir / "tiny-llama").apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    parts = re.split(r"\s*# #\s*", rendered)
+    want = [t for p in parts for t in raw_tok.encode(p, add_special_tokens=False).ids]
+    out = tiny_llama_llm.chat(messages, greedy())[0]
+    assert out.prompt_token_ids == want
+    assert out.prompt_token_ids[0] == raw_tok.token_to_id("<s>")  # BOS from the template, once
+    assert out.prompt_token_ids.count(raw_tok.token_to_id("<s>")) == 1
+
+
+@pytest.mark.parametrize("prompt", ["An ordinary prompt.", "Only one # # delimiter here.",
+                                    "unicode 日本語 😀 and\ttabs\n"])
+def test_ordinary_prompts_are_untouched(tiny_llama_llm, raw_tok, scheduled_requests, prompt):
+    out = tiny_llama_llm.generate([prompt], greedy(1))[0]
+    assert out.prompt_token_ids == raw_tok.encode(prompt).ids
+    assert scheduled_requests[0].chunk_cache is None
+
+
+def test_without_special_tokens_no_bos(tiny_llama_llm, raw_tok):
+    out = tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION)], greedy(1),
+                                  tokenization_kwargs={"add_special_tokens": False})[0]
+    assert out.prompt_token_ids == expected_ids(raw_tok, SYS, DOCS, QUESTION, bos=False)[0]
+
+
+def test_token_id_prompt_with_explicit_spans(tiny_llama_llm, raw_tok, scheduled_requests):
+    ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
+    prompt = {"prompt_token_ids": ids, "chunk_spans": {"sys_len": lens[0], "chunk_lens": lens[1:-1]}}
+    text_out = tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION)], greedy(1))[0]
+    ids_out = tiny_llama_llm.generate([prompt], greedy(1))[0]
+    assert ids_out.prompt_token_ids == ids
+    from_text, from_ids = (r.chunk_cache for r in scheduled_requests)
+    assert from_ids == from_text
+    assert text_out.outputs[0].token_ids == ids_out.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("spans, match", [
+    ({"sys_len": 2, "chunk_lens": [0, 3]}, "chunk_lens"),
+    ({"sys_len": -1, "chunk_lens": [3]}, "sys_len"),
+    ({"sys_len": 2, "chunk_lens": [100]}, "question would be empty"),
+    ({"sys_len": 2}, "chunk_lens"),
+    ([2, 3], "chunk_lens"),
+])
+def test_token_id_prompt_with_bad_spans_is_refused(tiny_llama_llm, spans, match):
+    with pytest.raises(ChunkPromptError, match=match):
+        tiny_llama_llm.generate([{"prompt_token_ids": list(range(10, 30)), "chunk_spans": spans}], greedy(1))
+    assert tiny_llama_llm.generate(["still serving"], greedy(1))[0].outputs[0].token_ids
+
+
+def test_empty_question_and_truncation_are_clear_errors(tiny_llama_llm):
+    with pytest.raises(ChunkPromptError, match="empty question"):
+        tiny_llama_llm.generate([chunked(SYS, DOCS, "")], greedy(1))
+    with pytest.raises(ChunkPromptError, match="truncate_prompt_tokens=10"):
+        tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION)], greedy(1),
+                                tokenization_kwargs={"truncate_prompt_tokens": 10})
+
+
+def test_legacy_engine_add_request_path(tiny_llama_llm, raw_tok, scheduled_requests):
+    engine = tiny_llama_llm.llm_engine
+    engine.add_request("legacy-1", chunked(SYS, DOCS, QUESTION), greedy(1))
+    while engine.has_unfinished_requests():
+        engine.step()
+    ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
+    assert scheduled_requests[0].prompt_token_ids == ids
+    assert isinstance(scheduled_requests[0].chunk_cache, ChunkCacheInfo)
+    assert scheduled_requests[0].chunk_cache.chunk_lens == lens[1:-1]

@@ -1,0 +1,1 @@
+"""Frontend (API server / LLM process): chunked prompts → token ids + `ChunkCacheInfo`."""

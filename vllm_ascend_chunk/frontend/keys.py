@@ -1,0 +1,56 @@
+"""Position-free content keys of SYS and of each chunk (DESIGN §2, cache keys).
+
+`sys_key = H(namespace, model, dtypes, LoRA, cache_salt, SYS ids)` and
+`chunk_key_i = H(sys_key, C_i ids)`: the entry of C_i is its KV computed after SYS, so the
+chunk key includes the SYS key. Nothing positional enters a key. H is vLLM's `sha256_cbor`
+(or `xxhash_cbor`), as for prefix caching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from vllm_ascend_chunk.config import HASH_ALGORITHMS, get_config
+from vllm_ascend_chunk.frontend.parser import ChunkPromptError
+from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
+from vllm_ascend_chunk.metadata import ChunkCacheInfo
+
+NAMESPACE = "vllm-ascend-chunk/v1"
+
+
+def hash_fn() -> Callable[[Any], bytes]:
+    from vllm.utils.hashing import get_hash_fn_by_name
+
+    return get_hash_fn_by_name(HASH_ALGORITHMS[get_config().hash_algorithm])
+
+
+def with_keys(spans: ChunkCacheInfo, token_ids: Sequence[int], identity: tuple,
+              hasher: Callable[[Any], bytes]) -> ChunkCacheInfo:
+    """`spans` with its SYS and chunk keys filled in."""
+    ids = list(token_ids)
+    sys_hash = hasher((NAMESPACE, *identity, ids[:spans.sys_len]))
+    chunk_hashes = [hasher((sys_hash, ids[slice(*spans.chunk_span(i))])) for i in range(spans.num_chunks)]
+    return msgspec.structs.replace(spans, sys_hash=sys_hash, chunk_hashes=chunk_hashes)
+
+
+def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
+    """Everything besides the tokens that changes the KV of a chunk."""
+    model = vllm_config.model_config
+    lora = None if lora_request is None else (lora_request.lora_name, lora_request.lora_int_id)
+    return (model.model, str(model.dtype), str(vllm_config.cache_config.cache_dtype), lora,
+            cache_salt)
+
+
+def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request) -> ChunkCacheInfo | None:
+    """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
+    spans = engine_input.get(SPANS_KEY)
+    if spans is None:
+        return None
+    token_ids = engine_input.get("prompt_token_ids")
+    if engine_input.get("type") != "token" or token_ids is None or len(token_ids) != spans.num_tokens:
+        raise ChunkPromptError("chunk spans do not match the prompt's token ids")
+    identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
+    return with_keys(spans, token_ids, identity, hash_fn())

@@ -1,0 +1,72 @@
+"""Text-level parsing of `SYSTEM # # C_1 # # ... # # C_n # # QUESTION` prompts."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+
+class ChunkPromptError(ValueError):
+    """A chunked prompt the chunk cache cannot serve (surfaced to clients as HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class ParsedPrompt:
+    """A chunked prompt split into its parts; each span is `[start, end)` in the original text."""
+
+    text: str
+    system_span: tuple[int, int]
+    chunk_spans: tuple[tuple[int, int], ...]
+    question_span: tuple[int, int]
+
+    @property
+    def system(self) -> str:
+        return self.text[slice(*self.system_span)]
+
+    @property
+    def chunks(self) -> list[str]:
+        return [self.text[slice(*s)] for s in self.chunk_spans]
+
+    @property
+    def question(self) -> str:
+        return self.text[slice(*self.question_span)]
+
+
+class ChunkParser:
+    """Splits prompt text on `\\s*<delimiter>\\s*` (Unicode whitespace).
+
+    Part 0 is SYSTEM, the last part is QUESTION, the parts between are chunks. Fewer than two
+    delimiters: not a chunked prompt (`parse` returns None). Empty chunks are dropped. An empty
+    QUESTION raises `ChunkPromptError`.
+    """
+
+    def __init__(self, delimiter: str = "# #") -> None:
+        if not delimiter.strip():
+            raise ValueError("the chunk delimiter must not be blank")
+        self.delimiter = delimiter
+        self.pattern = re.compile(r"\s*" + re.escape(delimiter) + r"\s*")
+
+    def parse(self, text: str) -> ParsedPrompt | None:
+        bounds = [m.span() for m in self.pattern.finditer(text)]
+        if len(bounds) < 2:
+            return None
+        starts = [0] + [end for _, end in bounds]
+        ends = [start for start, _ in bounds] + [len(text)]
+        parts = list(zip(starts, ends, strict=True))
+        question = parts[-1]
+        if question[0] == question[1]:
+            raise ChunkPromptError(
+                f"The chunked prompt has an empty question: nothing follows the last "
+                f"{self.delimiter!r} delimiter. Put the question after the last document.")
+        return ParsedPrompt(
+            text=text,
+            system_span=parts[0],
+            chunk_spans=tuple(p for p in parts[1:-1] if p[0] < p[1]),
+            question_span=question,
+        )
+
+
+@functools.cache
+def parser_for(delimiter: str) -> ChunkParser:
+    return ChunkParser(delimiter)

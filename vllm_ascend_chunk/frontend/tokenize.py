@@ -1,0 +1,120 @@
+"""Renderer hooks: per-part tokenization of chunked text, and span checks.
+
+Called from vLLM's `BaseRenderer._tokenize_singleton_prompt[_async]` (patch
+`vllm.renderers.base`). Contract (DESIGN §2): SYSTEM is tokenized as vLLM tokenizes a whole
+prompt of that request (BOS with it when the request adds special tokens); each chunk and the
+QUESTION with `add_special_tokens=False`; the delimiter text produces no tokens.
+
+A token-id prompt carries the structure explicitly:
+`{"prompt_token_ids": SYS + C_1 + ... + C_n + Q, "chunk_spans": {"sys_len": len(SYS),
+"chunk_lens": [len(C_1), ..., len(C_n)]}}`; the question is the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.frontend.parser import ChunkPromptError, ParsedPrompt, parser_for
+from vllm_ascend_chunk.metadata import ChunkCacheInfo
+
+SPANS_KEY = "chunk_spans"
+"""Key of the chunk structure in vLLM's prompt dicts (`TokensPrompt`, engine inputs)."""
+
+
+def _parse(prompt: Mapping[str, Any]) -> ParsedPrompt | None:
+    config = get_config()
+    if not config.enabled or prompt.get("multi_modal_data"):
+        return None
+    return parser_for(config.delimiter).parse(prompt["prompt"])
+
+
+def _pieces(parsed: ParsedPrompt, add_special_tokens: bool) -> list[tuple[str, bool]]:
+    """(text, add_special_tokens) for SYS, every chunk, then the question."""
+    rest = [(text, False) for text in (*parsed.chunks, parsed.question)]
+    return [(parsed.system, add_special_tokens), *rest]
+
+
+def _assemble(prompt: Mapping[str, Any], ids: list[list[int]]) -> dict[str, Any]:
+    system, *chunks, question = ids
+    spans = ChunkCacheInfo(sys_len=len(system), chunk_lens=[len(c) for c in chunks],
+                           question_len=len(question))
+    token_ids = [t for part in ids for t in part]
+    return {**prompt, "prompt_token_ids": token_ids, SPANS_KEY: spans}
+
+
+def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params) -> dict[str, Any] | None:
+    """The `TokensPrompt` of a chunked text prompt, or None for an ordinary prompt."""
+    parsed = _parse(prompt)
+    if parsed is None:
+        return None
+    pieces = _pieces(parsed, params.add_special_tokens)
+    return _assemble(prompt, [tokenizer.encode(t, add_special_tokens=s) for t, s in pieces])
+
+
+async def tokenize_chunked_async(async_tokenizer, prompt: Mapping[str, Any],
+                                 params) -> dict[str, Any] | None:
+    """`tokenize_chunked` through vLLM's micro-batching async tokenizer."""
+    parsed = _parse(prompt)
+    if parsed is None:
+        return None
+    encode: Callable[..., Awaitable[list[int]]] = async_tokenizer.encode
+    pieces = _pieces(parsed, params.add_special_tokens)
+    ids = await asyncio.gather(*(encode(t, add_special_tokens=s) for t, s in pieces))
+    return _assemble(prompt, list(ids))
+
+
+def check_spans(prompt: dict[str, Any], params) -> dict[str, Any]:
+    """After vLLM's post-tokenization: validate the spans against the final token ids.
+
+    Normalizes an explicit `chunk_spans` dict of a token-id prompt into `ChunkCacheInfo`, and
+    refuses truncation or padding that would cut into (or shift) the chunks.
+    """
+    spans = prompt.get(SPANS_KEY)
+    if spans is None:
+        return prompt
+    if not get_config().enabled:
+        prompt.pop(SPANS_KEY)
+        return prompt
+    if "prompt_token_ids" not in prompt or "prompt_embeds" in prompt or prompt.get("multi_modal_data"):
+        raise ChunkPromptError(f"'{SPANS_KEY}' needs a plain token-id prompt "
+                               "(no prompt_embeds, no multi-modal data)")
+    if not isinstance(spans, ChunkCacheInfo):
+        spans = prompt[SPANS_KEY] = spans_from_user(spans, len(prompt["prompt_token_ids"]))
+    n = len(prompt["prompt_token_ids"])
+    if n != spans.num_tokens:
+        what = []
+        if params.truncate_prompt_tokens is not None:
+            what.append(f"truncate_prompt_tokens={params.truncate_prompt_tokens}")
+        if params.pad_prompt_tokens is not None:
+            what.append(f"pad_prompt_tokens={params.pad_prompt_tokens}")
+        raise ChunkPromptError(
+            f"The chunked prompt has {spans.num_tokens} tokens but {n} remain after "
+            f"{' and '.join(what) or 'post-processing'}; truncation and padding would cut into "
+            "its documents. Shorten the documents or raise the limit.")
+    return prompt
+
+
+def spans_from_user(spans: object, num_tokens: int) -> ChunkCacheInfo:
+    """Validate the explicit chunk structure of a token-id prompt."""
+    usage = (f"'{SPANS_KEY}' must be {{'sys_len': int >= 0, 'chunk_lens': [int >= 1, ...]}} "
+             f"with sys_len + sum(chunk_lens) < len(prompt_token_ids) = {num_tokens}")
+    if not isinstance(spans, Mapping) or set(spans) != {"sys_len", "chunk_lens"}:
+        raise ChunkPromptError(f"{usage}; got {spans!r}")
+    sys_len, chunk_lens = spans["sys_len"], spans["chunk_lens"]
+    ints = (isinstance(sys_len, int) and isinstance(chunk_lens, list)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in [sys_len, *chunk_lens]))
+    if not ints or sys_len < 0 or any(n < 1 for n in chunk_lens):
+        raise ChunkPromptError(f"{usage}; got {dict(spans)!r}")
+    question_len = num_tokens - sys_len - sum(chunk_lens)
+    if question_len < 1:
+        raise ChunkPromptError(f"{usage}: the question would be empty; got {dict(spans)!r}")
+    return ChunkCacheInfo(sys_len=sys_len, chunk_lens=list(chunk_lens), question_len=question_len)
+
+
+def carry_spans(prompt: Mapping[str, Any], engine_input: dict[str, Any]) -> None:
+    """Copy the spans from the tokenized prompt into vLLM's engine input dict."""
+    if (spans := prompt.get(SPANS_KEY)) is not None:
+        engine_input[SPANS_KEY] = spans
