@@ -14,6 +14,8 @@ MODELS = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
 
 # The CPU backend reserves this many GiB for the paged KV cache; keep engines small.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The chunk pool is carved out of that budget.
+os.environ.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", "0.25")
 # In-process engine core, so tests can look at the scheduler's `Request`s.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -38,13 +40,16 @@ def tiny_llama_llm(models_dir: Path):
 
 @pytest.fixture
 def scheduled_requests(tiny_llama_llm):
-    """The engine core `Request`s the scheduler receives while the test runs."""
+    """The engine core `Request`s of clients the scheduler receives while the test runs."""
+    from vllm_ascend_chunk.scheduler.coordinator import JOB_ID_PREFIX
+
     scheduler = tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler
     seen = []
     original = scheduler.add_request
 
     def record(request, *args, **kwargs):
-        seen.append(request)
+        if not request.request_id.startswith(JOB_ID_PREFIX):  # internal chunk prefills
+            seen.append(request)
         return original(request, *args, **kwargs)
 
     scheduler.add_request = record

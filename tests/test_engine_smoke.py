@@ -14,7 +14,7 @@ import pytest
 
 PROMPTS = [
     "The ferry leaves the harbour every hour, except on Sundays.",
-    "You are a helpful assistant. # # Document one. # # Document two. # # When?",
+    "A prompt with a single # # delimiter is an ordinary prompt.",
     "日本語 café 😀 unicode prompt",
 ]
 

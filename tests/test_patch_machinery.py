@@ -95,8 +95,10 @@ def test_conflict_is_reported_and_changes_nothing(scratch: Path):
     patch_text = PATCHES[-1].read_text()
     victim = scratch / touched_files(PATCHES[-1])[0]
     hunk = patch_text[patch_text.index("\n@@"):].splitlines()[2:]
-    context = next(line[1:] for line in hunk if line[:1] in " -" and line[1:].strip())
-    victim.write_text(victim.read_text().replace(context, context + "  # a local edit", 1))
+    source = victim.read_text()
+    context = next(line[1:] for line in hunk
+                   if line[:1] in " -" and line[1:].strip() and source.count(line[1:]) == 1)
+    victim.write_text(source.replace(context, context + "  # a local edit"))
     before = tree_bytes(scratch)
     result = run(target=scratch)
     assert result.returncode == 2

@@ -16,6 +16,7 @@ import msgspec
 from vllm_ascend_chunk.config import HASH_ALGORITHMS, get_config
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
+from vllm_ascend_chunk.geometry import PoolGeometry, pool_geometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 
 NAMESPACE = "vllm-ascend-chunk/v1"
@@ -53,4 +54,17 @@ def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request) ->
     if engine_input.get("type") != "token" or token_ids is None or len(token_ids) != spans.num_tokens:
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
-    return with_keys(spans, token_ids, identity, hash_fn())
+    info = with_keys(spans, token_ids, identity, hash_fn())
+    check_fits(info, pool_geometry(vllm_config))
+    return info
+
+
+def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry) -> None:
+    """Refuse a chunk set that could never be resident in the pool all at once."""
+    unique = {info.sys_hash: info.sys_len, **dict(zip(info.chunk_hashes, info.chunk_lens, strict=True))}
+    pages = sum(geometry.pages_for(n) for n in unique.values())
+    if pages > geometry.num_pages:
+        raise ChunkPromptError(
+            f"The system prompt and documents of this request need {pages * geometry.page_size} "
+            f"tokens of chunk pool, but VLLM_CHUNK_CACHE_SIZE_GB={get_config().size_gb:g} holds "
+            f"{geometry.num_rows}. Send fewer or shorter documents, or raise VLLM_CHUNK_CACHE_SIZE_GB.")

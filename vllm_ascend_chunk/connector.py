@@ -1,0 +1,73 @@
+"""ChunkCacheConnector: the chunk cache as a vLLM KV connector (scheduler and worker roles).
+
+vLLM builds one instance per role. The scheduler role defers chunk-path requests until their
+chunks are in the pool, then reports their chunk region as externally computed and emits the
+loads; the worker role owns the pool and executes each step's operations. The connector is
+configured automatically (`engine_config.configure`); users never pass `--kv-transfer-config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from vllm_ascend_chunk.geometry import pool_geometry
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
+
+
+class ChunkCacheConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        geometry = pool_geometry(vllm_config)
+        self.coordinator: ChunkCacheCoordinator | None = None
+        self.chunk_worker: ChunkCacheWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+            self.coordinator = ChunkCacheCoordinator(geometry, block_size)
+        else:
+            self.chunk_worker = ChunkCacheWorker(vllm_config, geometry)
+
+    # -- scheduler role ------------------------------------------------------------------------
+    def on_new_request(self, request) -> None:
+        self.coordinator.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self.coordinator.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        self.coordinator.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return self.coordinator.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self.coordinator.request_finished(request)
+        return False, None
+
+    def reset_cache(self) -> bool | None:
+        return self.coordinator.reset()
+
+    # -- worker role ---------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches) -> None:
+        self.chunk_worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ChunkCacheStepMetadata)
+        self.chunk_worker.load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return  # K/V are captured inside the attention op instead (`worker.hooks.capture`)
+
+    def wait_for_save(self) -> None:
+        self.chunk_worker.end_step()

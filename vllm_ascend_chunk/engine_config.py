@@ -1,0 +1,102 @@
+"""Engine-level set-up: wire the chunk cache into a `VllmConfig`, carve the pool out of KV memory.
+
+`configure` runs at the end of vLLM's config post-init (patch `vllm.config.vllm`): users start
+plain `vllm serve MODEL` and the connector, the scheduler class and the V1 model runner are
+selected here. Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE)
+run unpatched, with a warning; settings that conflict with it are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.geometry import pool_geometry
+
+logger = logging.getLogger("vllm.chunk_cache")
+
+CONNECTOR = "ChunkCacheConnector"
+CONNECTOR_MODULE = "vllm_ascend_chunk.connector"
+SCHEDULERS = {False: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheScheduler",
+              True: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheAsyncScheduler"}
+_OFF_HINT = "Set VLLM_ENABLE_CHUNK_CACHE=false to run without the chunk cache."
+
+
+class ChunkCacheSetupError(ValueError):
+    """The engine configuration conflicts with the chunk cache."""
+
+
+def configure(vllm_config) -> None:
+    model = vllm_config.model_config
+    if not get_config().enabled or model is None:
+        return
+    if (reason := _not_applicable(vllm_config)) is not None:
+        logger.warning("Chunk Cache is off for this engine: %s", reason)
+        os.environ["VLLM_ENABLE_CHUNK_CACHE"] = "false"  # processes started from here inherit it
+        get_config.cache_clear()
+        return
+    _refuse_conflicts(vllm_config)
+
+    from vllm.config import KVTransferConfig
+
+    kv = vllm_config.kv_transfer_config
+    if kv is None or kv.kv_connector is None:
+        vllm_config.kv_transfer_config = KVTransferConfig(
+            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both")
+    sched = vllm_config.scheduler_config
+    sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        logger.info("Chunk Cache selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
+    geometry = pool_geometry(vllm_config)
+    logger.info("%s; pool holds %d tokens (%d pages of %d)", get_config().describe(),
+                geometry.num_rows, geometry.num_pages, geometry.page_size)
+
+
+def _not_applicable(vllm_config) -> str | None:
+    model = vllm_config.model_config
+    if model.runner_type != "generate":
+        return f"runner type {model.runner_type!r} (only generative models)"
+    if model.is_encoder_decoder:
+        return "encoder-decoder model"
+    if model.uses_mrope or getattr(model, "uses_xdrope_dim", 0):
+        return "multi-dimensional RoPE (M-RoPE / XD-RoPE)"
+    return None
+
+
+def _refuse_conflicts(vllm_config) -> None:
+    problems = []
+    if vllm_config.speculative_config is not None:
+        problems.append("speculative decoding")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        problems.append("pipeline parallelism")
+    if vllm_config.model_config.get_sliding_window() is not None:
+        problems.append("sliding-window attention")
+    kv = vllm_config.kv_transfer_config
+    if kv is not None and kv.kv_connector not in (None, CONNECTOR):
+        problems.append(f"the KV connector {kv.kv_connector!r} (the chunk cache is a KV connector)")
+    sched_cls = vllm_config.scheduler_config.scheduler_cls
+    if sched_cls is not None and sched_cls not in SCHEDULERS.values():
+        problems.append(f"the custom scheduler {sched_cls!r}")
+    if problems:
+        raise ChunkCacheSetupError(
+            f"Chunk Cache does not support {', '.join(problems)}. {_OFF_HINT}")
+    pool_geometry(vllm_config)  # validates the KV dtype
+
+
+def carve_out_pool(vllm_config, available: list[int]) -> list[int]:
+    """Per-worker memory for the paged KV cache once the pool is set aside (engine core)."""
+    if not get_config().enabled or vllm_config.kv_transfer_config is None \
+            or vllm_config.kv_transfer_config.kv_connector != CONNECTOR:
+        return available
+    pool = pool_geometry(vllm_config).num_bytes
+    left = [a - pool for a in available]
+    if min(left, default=1) <= 0:
+        raise ChunkCacheSetupError(
+            f"VLLM_CHUNK_CACHE_SIZE_GB={get_config().size_gb:g} leaves no memory for the paged KV "
+            f"cache ({min(available) / 2**30:.2f} GiB available in all). Lower "
+            "VLLM_CHUNK_CACHE_SIZE_GB or give the KV cache more memory.")
+    logger.info("Chunk Cache pool: %.2f GiB set aside; %.2f GiB left for the paged KV cache",
+                pool / 2**30, min(left) / 2**30)
+    return left

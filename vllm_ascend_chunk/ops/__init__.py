@@ -1,0 +1,1 @@
+"""Device ops: KV copy and rotary correction; torch reference plus per-backend kernels."""

@@ -1,0 +1,1 @@
+"""Scheduler side (engine core): pool index, planning of chunk prefills, loads, stats."""

@@ -1,0 +1,172 @@
+"""ChunkCacheManager: the pool index — which key lives in which pool pages, pins, LRU, stats.
+
+Pure bookkeeping (no vLLM, no tensors). Entries are created *pending* when a chunk prefill is
+planned and become *resident* once that prefill has run; only resident, unpinned entries are
+evicted, least recently used first, when space is needed or usage exceeds the LRU threshold.
+A request acquires all its entries at once or nothing, so requests that hold pins always
+progress and the pool never deadlocks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Entry:
+    key: bytes
+    num_tokens: int
+    pages: list[int]
+    resident: bool = False
+    pins: int = 0
+
+    def rows(self, page_size: int) -> list[int]:
+        """Pool rows of the entry's tokens, in token order."""
+        return [self.pages[t // page_size] * page_size + t % page_size for t in range(self.num_tokens)]
+
+
+@dataclass
+class ChunkCacheStats:
+    hits: int = 0
+    """Chunk occurrences found resident when a request was planned."""
+    misses: int = 0
+    """Chunk occurrences not resident (computed, or joined a prefill already in flight)."""
+    hit_tokens: int = 0
+    inflight_joins: int = 0
+    """Misses served by a chunk prefill another request had already started."""
+    evictions: int = 0
+    chunk_prefills: int = 0
+    """Internal prefill requests run to fill the pool."""
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+@dataclass
+class Acquired:
+    """What `ChunkCacheManager.acquire` pinned for one request."""
+
+    entries: list[Entry]
+    """One entry per requested key, in request order (duplicates share an entry)."""
+    created: list[Entry] = field(default_factory=list)
+    """Pending entries created by this call: the caller must have them computed."""
+
+
+class ChunkCacheManager:
+    def __init__(self, num_pages: int, page_size: int, lru_threshold: float) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.lru_threshold = lru_threshold
+        self.free_pages: list[int] = list(range(num_pages - 1, -1, -1))
+        self.entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
+        self.stats = ChunkCacheStats()
+
+    # -- queries ---------------------------------------------------------------------------
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self.free_pages)
+
+    @property
+    def usage_ratio(self) -> float:
+        return self.used_pages / self.num_pages if self.num_pages else 0.0
+
+    @property
+    def pinned_entries(self) -> int:
+        return sum(1 for e in self.entries.values() if e.pins)
+
+    # -- acquire / release -----------------------------------------------------------------
+    def acquire(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes]) -> Acquired | None:
+        """Pin an entry for every (key, num_tokens); missing keys get new pending entries.
+
+        Returns None, changing nothing, when the pool cannot make room right now.
+        `chunk_keys` says which keys count as chunks in the hit/miss statistics.
+        """
+        missing = {k: n for k, n in needs if k not in self.entries}
+        if not self._make_room(sum(self.pages_for(n) for n in missing.values()),
+                               protect={k for k, _ in needs}):
+            return None
+        created = [self._create(k, n) for k, n in missing.items()]
+        for key, num_tokens in needs:
+            if key not in chunk_keys:
+                continue
+            entry = self.entries[key]
+            if entry.resident:
+                self.stats.hits += 1
+                self.stats.hit_tokens += num_tokens
+            else:
+                self.stats.misses += 1
+                self.stats.inflight_joins += entry not in created
+        entries = [self.entries[k] for k, _ in needs]
+        for entry in {id(e): e for e in entries}.values():
+            entry.pins += 1
+            self.entries.move_to_end(entry.key)
+        self._evict_over_threshold()
+        return Acquired(entries=entries, created=created)
+
+    def release(self, entries: Iterable[Entry]) -> None:
+        for entry in {id(e): e for e in entries}.values():
+            assert entry.pins > 0, f"entry {entry.key.hex()[:12]} released more often than pinned"
+            entry.pins -= 1
+        self._evict_over_threshold()
+
+    def mark_resident(self, entry: Entry) -> None:
+        entry.resident = True
+
+    def discard(self, entry: Entry) -> None:
+        """Forget a pending entry whose prefill did not complete (its pins go with it)."""
+        if self.entries.get(entry.key) is entry:
+            self._free(entry)
+
+    def clear(self) -> int:
+        """Drop every unpinned entry (a cache reset); returns how many were dropped."""
+        victims = [e for e in self.entries.values() if not e.pins]
+        for entry in victims:
+            self._free(entry)
+        return len(victims)
+
+    # -- mechanics -------------------------------------------------------------------------
+    def _create(self, key: bytes, num_tokens: int) -> Entry:
+        pages = [self.free_pages.pop() for _ in range(self.pages_for(num_tokens))]
+        entry = self.entries[key] = Entry(key=key, num_tokens=num_tokens, pages=pages)
+        return entry
+
+    def _free(self, entry: Entry) -> None:
+        del self.entries[entry.key]
+        self.free_pages.extend(reversed(entry.pages))
+
+    def _evictable(self, protect: set[bytes] = frozenset()) -> Iterable[Entry]:
+        return [e for e in self.entries.values() if e.resident and not e.pins and e.key not in protect]
+
+    def _make_room(self, pages: int, protect: set[bytes]) -> bool:
+        shortfall = pages - len(self.free_pages)
+        if shortfall <= 0:
+            return True
+        victims, freed = [], 0
+        for entry in self._evictable(protect):
+            if freed >= shortfall:
+                break
+            victims.append(entry)
+            freed += len(entry.pages)
+        if freed < shortfall:
+            return False
+        for entry in victims:
+            self._evict(entry)
+        return True
+
+    def _evict_over_threshold(self) -> None:
+        limit = self.lru_threshold * self.num_pages
+        for entry in self._evictable():
+            if self.used_pages <= limit:
+                break
+            self._evict(entry)
+
+    def _evict(self, entry: Entry) -> None:
+        self._free(entry)
+        self.stats.evictions += 1

@@ -1,0 +1,28 @@
+"""What the scheduler tells the workers each step (the KV-connector metadata).
+
+Decisions travel as data: the worker executes these operations and never reads scheduler state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass
+class ChunkCacheStepMetadata(KVConnectorMetadata):
+    load_rows: list[int] = field(default_factory=list)
+    """Pool rows to copy into the paged KV cache before the forward ..."""
+    load_slots: list[int] = field(default_factory=list)
+    """... and the paged-cache slot each row goes to."""
+    captures: dict[str, list[int]] = field(default_factory=dict)
+    """Internal chunk prefills scheduled this step: request id → pool row of each prompt token
+    (-1 = not stored). Their post-RoPE K/V are captured into the pool during the forward."""
+    position_shifts: dict[str, int] = field(default_factory=dict)
+    """Chunk-path requests scheduled this step: request id → amount subtracted from the RoPE
+    position of every token they compute (overlap layout: `sum(len(C_i)) - max(len(C_i))`)."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.load_rows or self.captures or self.position_shifts)

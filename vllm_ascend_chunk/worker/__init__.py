@@ -1,0 +1,1 @@
+"""Worker side (device): the pool tensors, KV capture and load, RoPE position shifts."""

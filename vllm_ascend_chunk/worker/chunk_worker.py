@@ -1,0 +1,74 @@
+"""ChunkCacheWorker: executes a step's chunk operations on one worker.
+
+Per step: `prepare_step` (from the model runner, once the slot mapping is computed from the
+logical positions) shifts the RoPE positions of chunk-path requests and resolves which batch
+tokens to capture; `load` (connector `start_load_kv`, before the forward) copies pool rows into
+slots; `capture` (from the attention op, every layer) stores the captured tokens' post-RoPE K/V;
+`end_step` (connector `wait_for_save`) forgets the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.ops.kv_write import make_kv_writer
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.worker.pool import ChunkCachePool
+
+
+class ChunkCacheWorker:
+    def __init__(self, vllm_config, geometry: PoolGeometry) -> None:
+        self.vllm_config = vllm_config
+        self.geometry = geometry
+        self.pool: ChunkCachePool | None = None
+        self._capture: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch tokens, pool rows)
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        layers = self.vllm_config.compilation_config.static_forward_context
+        names = list(kv_caches)
+        writers = [make_kv_writer(kv_caches[n], layers.get(n), self.vllm_config) for n in names]
+        device = next(iter(kv_caches.values())).device
+        self.pool = ChunkCachePool(self.geometry, names, writers, device)
+
+    def prepare_step(self, runner, meta: ChunkCacheStepMetadata, num_reqs: int, num_tokens: int) -> None:
+        self._capture = None
+        if not (meta.captures or meta.position_shifts):
+            return
+        req_ids = runner.input_batch.req_ids[:num_reqs]
+        starts = runner.query_start_loc.np[:num_reqs + 1]
+        if meta.position_shifts:
+            shifts = np.array([meta.position_shifts.get(r, 0) for r in req_ids], dtype=np.int64)
+            if shifts.any():
+                per_token = torch.from_numpy(np.repeat(shifts, np.diff(starts)))
+                runner.positions[:num_tokens] -= per_token.to(runner.positions.device)
+        if meta.captures:
+            computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs]
+            src, dst = [], []
+            for i, rid in enumerate(req_ids):
+                if (rows := meta.captures.get(rid)) is None:
+                    continue
+                first, n = int(computed[i]), int(starts[i + 1] - starts[i])
+                step_rows = np.asarray(rows[first:first + n], dtype=np.int64)
+                keep = np.flatnonzero(step_rows >= 0)
+                src.append(starts[i] + keep)
+                dst.append(step_rows[keep])
+            if src:
+                device = runner.positions.device
+                self._capture = (torch.from_numpy(np.concatenate(src)).to(device),
+                                 torch.from_numpy(np.concatenate(dst)).to(device))
+
+    def load(self, meta: ChunkCacheStepMetadata) -> None:
+        if not meta.load_rows:
+            return
+        device = self.pool.kv.device
+        self.pool.load(torch.tensor(meta.load_rows, dtype=torch.int64, device=device),
+                       torch.tensor(meta.load_slots, dtype=torch.int64, device=device))
+
+    def capture(self, layer_name: str, key: torch.Tensor, value: torch.Tensor) -> None:
+        if self._capture is not None:
+            self.pool.store(layer_name, key, value, *self._capture)
+
+    def end_step(self) -> None:
+        self._capture = None

@@ -1,0 +1,26 @@
+"""Entry points for the vLLM patches on the worker side (model runner, attention op)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _chunk_worker():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    return getattr(get_kv_transfer_group(), "chunk_worker", None) if has_kv_transfer_group() else None
+
+
+def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> None:
+    """`GPUModelRunner._prepare_inputs`, right after the slot mapping is computed."""
+    from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+
+    meta = scheduler_output.kv_connector_metadata
+    if isinstance(meta, ChunkCacheStepMetadata) and (worker := _chunk_worker()) is not None:
+        worker.prepare_step(runner, meta, num_reqs, num_tokens)
+
+
+def capture(layer_name: str, key: torch.Tensor | None, value: torch.Tensor | None) -> None:
+    """`unified_attention_with_output`: store this layer's K/V of the tokens being captured."""
+    if key is not None and (worker := _chunk_worker()) is not None:
+        worker.capture(layer_name, key, value)
