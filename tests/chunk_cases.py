@@ -1,0 +1,62 @@
+"""Chunked-prompt workloads and their independent expectations (raw `tokenizers` + HF reference)."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import hf_reference  # noqa: E402
+from make_tiny_models import synthetic_corpus  # noqa: E402
+
+DELIMITER = re.compile(r"\s*# #\s*")
+SYS = "You are a careful assistant. Answer from the documents."
+UNICODE_DOC = "Les cafés naïfs de la Straße: 日本語の文書を検索 😀🚀 λόγος, мир!"
+
+
+def document(seed: int, approx_tokens: int) -> str:
+    """A deterministic document of roughly `approx_tokens` tokens (about 3 characters per token)."""
+    rng = random.Random(seed)
+    lines = synthetic_corpus(seed=1000 + seed, n_lines=max(2, approx_tokens // 4))
+    text = " ".join(rng.sample(lines, len(lines))).replace("#", "")  # no delimiters inside
+    return " ".join(text[: max(8, approx_tokens * 3)].split())
+
+
+def chunked(sys: str, docs: list[str], question: str) -> str:
+    return " # # ".join([sys, *docs, question])
+
+
+@dataclass
+class Expected:
+    token_ids: list[int]
+    sys_len: int
+    chunk_lens: list[int]
+
+
+def expected_structure(raw_tok, text: str, add_special_tokens: bool = True) -> Expected:
+    """Token ids and spans of a chunked prompt, by splitting and tokenizing each part alone."""
+    parts = DELIMITER.split(text)
+    if len(parts) < 3:
+        ids = raw_tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return Expected(ids, len(ids), [])
+    system, *chunks, question = parts
+    sys_ids = raw_tok.encode(system, add_special_tokens=add_special_tokens).ids
+    chunk_ids = [raw_tok.encode(c, add_special_tokens=False).ids for c in chunks if c]
+    q_ids = raw_tok.encode(question, add_special_tokens=False).ids
+    return Expected(sys_ids + [t for c in chunk_ids for t in c] + q_ids, len(sys_ids),
+                    [len(c) for c in chunk_ids])
+
+
+def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap"):
+    exp = expected_structure(raw_tok, text)
+    return exp, hf_reference.greedy(model, exp.token_ids, max_tokens, sys_len=exp.sys_len,
+                                    chunk_lens=exp.chunk_lens, layout=layout)
+
+
+def assert_matches(out_tokens, out_logprobs, ref, what: str) -> None:
+    assert list(out_tokens) == ref.tokens, f"{what}: tokens differ"
+    for step, (got, want) in enumerate(zip(out_logprobs, ref.logprobs, strict=True)):
+        assert abs(got - want) < 2e-3, f"{what}: logprob of step {step} differs: {got} vs {want}"

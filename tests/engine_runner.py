@@ -1,0 +1,97 @@
+"""Runs a patched vLLM engine in its own process and prints what happened as JSON.
+
+    python tests/engine_runner.py SPEC_JSON
+
+SPEC: {"model": dir, "engine": {LLM kwargs}, "rounds": [{"prompts": [...], "max_tokens": n,
+       "batch": bool (one generate call), "abort": bool (abort them mid-way)}, ...]}.
+Output line `RESULT {...}`: per round the prompt ids, generated ids and logprobs (or the error
+text) of every prompt, and the chunk cache state after each round.
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so its state is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def chunk_state(llm) -> dict | None:
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    coordinator = getattr(scheduler, "chunk_cache", None)
+    if coordinator is None:
+        return None
+    manager = coordinator.manager
+    stats = manager.stats
+    return {"hits": stats.hits, "misses": stats.misses, "hit_tokens": stats.hit_tokens,
+            "evictions": stats.evictions, "chunk_prefills": stats.chunk_prefills,
+            "pinned_entries": manager.pinned_entries, "used_pages": manager.used_pages,
+            "entry_pages": sum(len(e.pages) for e in manager.entries.values()),
+            "pending_entries": sum(not e.resident for e in manager.entries.values()),
+            "users": len(coordinator.users), "jobs": len(coordinator.jobs)}
+
+
+def run_round(llm, prompts, params) -> list[dict]:
+    results = []
+    for prompt in prompts:  # one by one so that a refused prompt does not hide the others
+        try:
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
+        except ValueError as err:
+            results.append({"error": str(err)})
+            continue
+        gen = out.outputs[0]
+        results.append({"prompt_ids": out.prompt_token_ids, "tokens": list(gen.token_ids),
+                        "logprobs": [step[t].logprob for step, t in zip(gen.logprobs, gen.token_ids,
+                                                                        strict=True)],
+                        "cached": out.num_cached_tokens})
+    return results
+
+
+def run_batch(llm, prompts, params) -> list[dict]:
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [{"prompt_ids": o.prompt_token_ids, "tokens": list(o.outputs[0].token_ids),
+             "logprobs": [s[t].logprob for s, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids,
+                                                       strict=True)]} for o in outs]
+
+
+def abort_midway(llm, prompts, params) -> None:
+    """Add requests, step the engine a little, then abort them all."""
+    engine = llm.llm_engine
+    ids = [f"abort-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, params)
+    for _ in range(2):
+        engine.step()
+    engine.abort_request(ids)
+    scheduler = engine.engine_core.engine_core.scheduler
+    while scheduler.has_unfinished_requests():  # internal chunk prefills of aborted requests drain
+        engine.step()
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(spec["model"], dtype="float32", seed=0, **spec.get("engine", {}))
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    preemptions = []
+    preempt = scheduler._preempt_request
+    scheduler._preempt_request = lambda *a, **k: (preemptions.append(1), preempt(*a, **k))[1]
+    result = {"rounds": [], "states": []}
+    for rnd in spec["rounds"]:
+        params = SamplingParams(max_tokens=rnd.get("max_tokens", 8), temperature=0.0, logprobs=1,
+                                ignore_eos=True)
+        if rnd.get("abort"):
+            abort_midway(llm, rnd["prompts"], params)
+            result["rounds"].append([])
+        elif rnd.get("batch"):
+            result["rounds"].append(run_batch(llm, rnd["prompts"], params))
+        else:
+            result["rounds"].append(run_round(llm, rnd["prompts"], params))
+        result["states"].append({**(chunk_state(llm) or {}), "preemptions": len(preemptions)})
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The chunk path in engines of their own (one process each): the Qwen2 architecture, a pool
+so small that chunks are evicted, a tiny paged KV cache, and the switch off.
+Answers are checked against the independent HF reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import chunk_cases as cc
+import pytest
+
+RUNNER = Path(__file__).with_name("engine_runner.py")
+
+
+def run_engine(model_dir: Path, rounds: list[dict], engine: dict | None = None,
+               env: dict | None = None) -> dict:
+    spec = {"model": str(model_dir), "engine": {"max_model_len": 4096, **(engine or {})}, "rounds": rounds}
+    run = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    return json.loads(run.stdout.split("RESULT ", 1)[1])
+
+
+def check_round(model, raw_tok, prompts, results, max_tokens, what):
+    for prompt, res in zip(prompts, results, strict=True):
+        assert "error" not in res, res
+        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens)
+        assert res["prompt_ids"] == exp.token_ids
+        cc.assert_matches(res["tokens"], res["logprobs"], ref, f"{what}: {prompt[:50]}")
+
+
+def tools(models_dir: Path, name: str):
+    from tokenizers import Tokenizer
+
+    return (cc.hf_reference.load(models_dir / name),
+            Tokenizer.from_file(str(models_dir / name / "tokenizer.json")))
+
+
+def test_qwen2_cold_warm_reordered(models_dir: Path):
+    docs = [cc.document(40 + i, 60) for i in range(4)] + [cc.UNICODE_DOC]
+    first = [cc.chunked(cc.SYS, docs[:3], "What is first?"),
+             cc.chunked(cc.SYS, [docs[3], docs[4]], "Which is French?"),
+             cc.chunked(cc.SYS, [cc.document(60, 700)], "Long one?")]
+    reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
+                 cc.chunked(cc.SYS, [docs[4], docs[1], docs[3]], "Mixed?")]
+    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered}]
+    result = run_engine(models_dir / "tiny-qwen2", rounds)
+    model, raw_tok = tools(models_dir, "tiny-qwen2")
+    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
+        check_round(model, raw_tok, rnd["prompts"], res, 8, what)
+    cold, warm, reord = result["states"]
+    assert (cold["hits"], cold["misses"]) == (0, 6)
+    assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
+    assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (6, 0)
+    assert reord["pinned_entries"] == 0
+
+
+# A 32-page (512-token) pool: every request nearly fills it, so chunks are evicted all the time;
+# a 700-token paged KV cache: requests queue for blocks while chunks are pinned.
+SMALL = {"VLLM_CHUNK_CACHE_SIZE_GB": str(32 * 16 * 1024 / 2**30)}
+SMALL_ENGINE = {"max_model_len": 700, "num_gpu_blocks_override": 6}
+
+
+def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
+    docs = [cc.document(80 + i, 100) for i in range(9)]
+    sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [2, 0, 1], [5, 8]]
+    evicting = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
+    preempting = [cc.chunked(cc.SYS, [docs[i], docs[i + 1]], "Tell me more.") for i in (0, 3, 6)]
+    aborted = [cc.chunked(cc.SYS, [docs[i], docs[(i + 4) % 9]], "Abort?") for i in range(4)]
+    too_big = cc.chunked(cc.SYS, [docs[i] for i in range(5)], "Too many?")
+    rounds = [{"prompts": evicting}, {"prompts": evicting, "batch": True},
+              {"prompts": preempting, "batch": True, "max_tokens": 160},
+              {"prompts": aborted, "abort": True, "max_tokens": 64}, {"prompts": [too_big]},
+              {"prompts": evicting[:1]}]
+    result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE, SMALL)
+    model, raw_tok = tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, evicting, result["rounds"][0], 8, "one by one")
+    check_round(model, raw_tok, evicting, result["rounds"][1], 8, "batched, pool contended")
+    check_round(model, raw_tok, preempting, result["rounds"][2], 160, "long generations, 700-token KV cache")
+    assert "VLLM_CHUNK_CACHE_SIZE_GB" in result["rounds"][4][0]["error"]
+    check_round(model, raw_tok, evicting[:1], result["rounds"][5], 8, "still serving")
+
+    states = result["states"]
+    assert states[0]["evictions"] > 0
+    for state in states:  # nothing leaks: only the LRU holds pages, nothing pinned between rounds
+        assert state["pinned_entries"] == 0 and state["pending_entries"] == 0
+        assert state["used_pages"] == state["entry_pages"] <= 32
+        assert state["users"] == 0 and state["jobs"] == 0
+
+
+def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path):
+    """Ordinary prompts: the same tokens with the chunk cache on and off (= unpatched vLLM)."""
+    prompts = ["An ordinary prompt about ferries.", "One # # delimiter only.", cc.document(9, 300)]
+    rounds = [{"prompts": prompts, "batch": True}]
+    on = run_engine(models_dir / "tiny-llama", rounds)
+    off = run_engine(models_dir / "tiny-llama", rounds, env={"VLLM_ENABLE_CHUNK_CACHE": "false"})
+    assert on["rounds"] == off["rounds"]
+    assert off["states"][0] == {"preemptions": 0}  # no chunk cache in that engine at all
+
+
+@pytest.mark.parametrize("name", ["tiny-llama"])
+def test_engine_refuses_a_pool_larger_than_its_kv_budget(models_dir: Path, name: str):
+    run = subprocess.run(
+        [sys.executable, str(RUNNER), json.dumps({"model": str(models_dir / name), "rounds": []})],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "VLLM_CHUNK_CACHE_SIZE_GB": "4", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert run.returncode != 0
+    assert "VLLM_CHUNK_CACHE_SIZE_GB=4 leaves no memory for the paged KV cache" in run.stdout + run.stderr

@@ -1,0 +1,141 @@
+"""The chunk path end to end on a real patched engine (in-process, tiny Llama), against the
+independent HF reference of the contract (explicit 4D mask + position ids)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import chunk_cases as cc
+import pytest
+
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def raw_tok(models_dir: Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def hf_model(models_dir: Path):
+    return cc.hf_reference.load(models_dir / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def coordinator(tiny_llama_llm):
+    return tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler.chunk_cache
+
+
+def generate(llm, prompts, max_tokens=MAX_TOKENS):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def check(llm, model, raw_tok, prompts, max_tokens=MAX_TOKENS):
+    outs = generate(llm, prompts, max_tokens)
+    for prompt, out in zip(prompts, outs, strict=True):
+        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens)
+        assert out.prompt_token_ids == exp.token_ids
+        gen = out.outputs[0]
+        cc.assert_matches(gen.token_ids, [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids,
+                                                                        strict=True)], ref, prompt[:60])
+    return outs
+
+
+DOCS = [cc.document(i, 40) for i in range(8)]
+CASES = {
+    "one chunk": cc.chunked(cc.SYS, DOCS[:1], "What does it say?"),
+    "three chunks, unicode": cc.chunked(cc.SYS, [DOCS[1], cc.UNICODE_DOC, DOCS[2]], "Which one is French?"),
+    "eight tiny chunks": cc.chunked(cc.SYS, ["a b", "cd", "e", "42", "ünï", "x y z", "?", "ok"],
+                                    "Sum it up."),
+    "empty system": cc.chunked("", DOCS[3:5], "Why?"),
+    "same chunk twice": cc.chunked(cc.SYS, [DOCS[5], DOCS[6], DOCS[5]], "Repeat?"),
+    "no chunk left": "Only a system prompt # # # # and a question?",
+}
+
+
+def test_reference_distinguishes_chunk_semantics(hf_model, raw_tok):
+    """Guard: on these prompts the contract's answer differs from plain causal attention."""
+    prompt = CASES["three chunks, unicode"]
+    exp, chunk_ref = cc.reference(hf_model, raw_tok, prompt, MAX_TOKENS)
+    causal = cc.hf_reference.greedy(hf_model, exp.token_ids, MAX_TOKENS)
+    assert chunk_ref.logprobs != causal.logprobs
+
+
+def test_cold_then_warm_then_reordered(tiny_llama_llm, hf_model, raw_tok, coordinator):
+    prompts = list(CASES.values())
+    stats = coordinator.manager.stats
+    before = (stats.hits, stats.misses)
+    cold = check(tiny_llama_llm, hf_model, raw_tok, prompts)
+    occurrences = sum(len(cc.expected_structure(raw_tok, p).chunk_lens) for p in prompts)
+    assert stats.hits + stats.misses - sum(before) == occurrences
+
+    hits = stats.hits
+    warm = check(tiny_llama_llm, hf_model, raw_tok, prompts)
+    assert stats.hits - hits == occurrences, "every chunk is resident the second time"
+    assert [o.outputs[0].token_ids for o in warm] == [o.outputs[0].token_ids for o in cold]
+
+    reordered = [cc.chunked(cc.SYS, [DOCS[2], cc.UNICODE_DOC, DOCS[1]], "Which one is French?"),
+                 cc.chunked(cc.SYS, [DOCS[6], DOCS[5]], "Repeat?")]
+    hits, misses = stats.hits, stats.misses
+    check(tiny_llama_llm, hf_model, raw_tok, reordered)
+    assert (stats.hits - hits, stats.misses - misses) == (5, 0), "reordered documents all hit"
+
+
+def test_long_chunks_span_several_steps(tiny_llama_llm, hf_model, raw_tok):
+    long_docs = [cc.document(100, 1500), cc.document(101, 1200)]
+    prompt = cc.chunked(cc.SYS, long_docs, "What is the second document about?")
+    assert max(cc.expected_structure(raw_tok, prompt).chunk_lens) > 1000
+    check(tiny_llama_llm, hf_model, raw_tok, [prompt], max_tokens=4)
+    check(tiny_llama_llm, hf_model, raw_tok, [cc.chunked(cc.SYS, long_docs[::-1], "And the first?")],
+          max_tokens=4)
+
+
+def test_mixed_batch_with_ordinary_prompts(tiny_llama_llm, hf_model, raw_tok):
+    prompts = [CASES["one chunk"], "An ordinary prompt about ferries and tea houses.",
+               cc.chunked(cc.SYS, [DOCS[7], DOCS[0]], "New mix?"), "Another ordinary one # # here."]
+    check(tiny_llama_llm, hf_model, raw_tok, prompts)
+
+
+def test_chunk_blocks_never_serve_ordinary_requests(tiny_llama_llm, hf_model, raw_tok):
+    """The same token ids without chunk spans are an ordinary prompt: plain causal semantics,
+    even though a chunk-path request with those exact tokens filled the prefix cache first."""
+    prompt = cc.chunked(cc.SYS, [DOCS[1], DOCS[2], DOCS[3]], "Plain or chunked?")
+    exp = cc.expected_structure(raw_tok, prompt)
+    generate(tiny_llama_llm, [prompt])
+    out = generate(tiny_llama_llm, [{"prompt_token_ids": exp.token_ids}])[0]
+    causal = cc.hf_reference.greedy(hf_model, exp.token_ids, MAX_TOKENS)
+    assert list(out.outputs[0].token_ids) == causal.tokens
+
+
+def test_prefix_caching_still_hits_for_ordinary_prompts(tiny_llama_llm):
+    prompt = "An ordinary prompt. " + cc.document(7, 400)
+    first, second = (generate(tiny_llama_llm, [prompt])[0] for _ in range(2))
+    assert second.num_cached_tokens >= 256 and first.outputs[0].token_ids == second.outputs[0].token_ids
+
+
+def test_aborts_leave_no_pins(tiny_llama_llm, coordinator):
+    from vllm import SamplingParams
+
+    engine = tiny_llama_llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    ids = []
+    for i in range(6):
+        ids.append(f"abort-me-{i}")
+        docs = [cc.document(200 + i, 300), cc.document(300 + i % 2, 200), DOCS[i]]
+        engine.add_request(ids[-1], cc.chunked(cc.SYS, docs, f"Question {i}?"), params)
+    engine.step()
+    engine.step()
+    engine.abort_request(ids[::2])
+    while scheduler.has_unfinished_requests():
+        engine.step()
+    manager = coordinator.manager
+    assert manager.pinned_entries == 0
+    assert not coordinator.users and not coordinator.jobs
+    assert all(e.resident for e in manager.entries.values())
+    assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
