@@ -22,7 +22,3 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
     position_shifts: dict[str, int] = field(default_factory=dict)
     """Chunk-path requests scheduled this step: request id → amount subtracted from the RoPE
     position of every token they compute (overlap layout: `sum(len(C_i)) - max(len(C_i))`)."""
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.load_rows or self.captures or self.position_shifts)
