@@ -46,24 +46,34 @@ class RotarySpec:
                              f"got {self.inv_freq.dtype} {tuple(self.inv_freq.shape)}")
 
 
-def rerotate_keys_(keys: torch.Tensor, deltas: torch.Tensor, spec: RotarySpec) -> torch.Tensor:
-    """Rotate ``keys`` [T, H, head_size] in place by ``deltas`` [T] positions; returns ``keys``.
+def rotation_tables(deltas: torch.Tensor, spec: RotarySpec, device: torch.device,
+                    dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, rotary_dim // 2] (``dtype`` on ``device``) of the rotation by ``deltas`` [T].
 
-    Math in float32 (float64 for float64 keys) with cos/sin of angles computed in float64, so
-    they stay exact to float32 rounding for deltas far beyond 100k; one rounding to the keys'
-    dtype at the end. Dims past
-    ``rotary_dim`` are untouched; a zero delta leaves a key bit-identical. The angles are
-    computed on ``deltas``' device: pass host deltas for devices without float64.
+    Angles are computed in float64 on ``deltas``' device (exact to float32 rounding for deltas
+    far beyond 100k); pass host deltas for devices without float64.
+    """
+    if deltas.dim() != 1 or deltas.dtype not in _INT_DTYPES:
+        raise ValueError(f"deltas must be a 1-D integer tensor, got {deltas.dtype} {tuple(deltas.shape)}")
+    angles = deltas.to(torch.float64)[:, None] * spec.inv_freq.to(deltas.device, torch.float64)[None, :]
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+def apply_rotation_(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    spec: RotarySpec) -> torch.Tensor:
+    """Rotate ``keys`` [T, H, head_size] in place by the tables of `rotation_tables`; returns ``keys``.
+
+    Math in float32 (float64 for float64 keys), one rounding to the keys' dtype at the end. Dims
+    past ``rotary_dim`` are untouched; a zero angle leaves a key bit-identical. This is the
+    reference every backend kernel must match.
     """
     if keys.dim() != 3 or keys.shape[-1] != spec.head_size or not keys.is_floating_point():
         raise ValueError(f"keys must be float [T, H, {spec.head_size}], got {keys.dtype} {tuple(keys.shape)}")
-    if deltas.shape != keys.shape[:1] or deltas.dtype not in _INT_DTYPES:
-        raise ValueError(f"deltas must be integer [{keys.shape[0]}], got {deltas.dtype} "
-                         f"{tuple(deltas.shape)}")
     half, work = spec.rotary_dim // 2, torch.promote_types(keys.dtype, torch.float32)
-    angles = deltas.to(torch.float64)[:, None] * spec.inv_freq.to(deltas.device, torch.float64)[None, :]
-    cos = angles.cos().to(keys.device, work)[:, None, :]  # [T, 1, half]
-    sin = angles.sin().to(keys.device, work)[:, None, :]
+    if cos.shape != (keys.shape[0], half) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin must be [{keys.shape[0]}, {half}], "
+                         f"got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    cos, sin = cos.to(work)[:, None, :], sin.to(work)[:, None, :]  # [T, 1, half]
     rot = keys[..., : spec.rotary_dim]
     if spec.is_neox_style:  # pairs (i, i + half)
         x1, x2 = rot[..., :half], rot[..., half:]
@@ -75,6 +85,14 @@ def rerotate_keys_(keys: torch.Tensor, deltas: torch.Tensor, spec: RotarySpec) -
     x1.copy_(o1)
     x2.copy_(o2)
     return keys
+
+
+def rerotate_keys_(keys: torch.Tensor, deltas: torch.Tensor, spec: RotarySpec) -> torch.Tensor:
+    """Rotate ``keys`` [T, H, head_size] in place by ``deltas`` [T] positions; returns ``keys``."""
+    if deltas.shape != keys.shape[:1]:
+        raise ValueError(f"deltas must be [{keys.shape[0]}], got {tuple(deltas.shape)}")
+    cos, sin = rotation_tables(deltas, spec, keys.device, torch.promote_types(keys.dtype, torch.float32))
+    return apply_rotation_(keys, cos, sin, spec)
 
 
 def rerotate_keys(keys: torch.Tensor, deltas: torch.Tensor, spec: RotarySpec) -> torch.Tensor:
