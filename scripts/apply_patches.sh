@@ -74,8 +74,11 @@ drop_bytecode() {
   done
 }
 
-status=0
-found_any=0
+# Pass 1, for every project before anything changes: locate it, check its version, and find
+# the state of each patch; a wrong version or a conflict anywhere leaves every tree untouched.
+projects=()
+declare -A root_of=() have_of=() state=()
+conflicts=0
 for project in vllm vllm-ascend; do
   series="$repo/patches/$project"
   package=${project//-/_}
@@ -88,7 +91,6 @@ for project in vllm vllm-ascend; do
     fi
     continue
   fi
-  found_any=1
   want=$(cat "$series/TARGET_VERSION")
   have=$(package_version "$root" "$package")
   if [ "$have" != "$want" ]; then
@@ -98,34 +100,65 @@ for project in vllm vllm-ascend; do
     echo "  whose patches/$project/TARGET_VERSION says ${have:-that version}." >&2
     exit 3
   fi
-
-  patches=("$series"/[0-9][0-9][0-9][0-9]-*.patch)
-  [ -e "${patches[0]}" ] || continue
-  declare -A state=()
-  conflicts=0 pending=0
-  for p in "${patches[@]}"; do
+  projects+=("$project")
+  root_of[$project]=$root
+  have_of[$project]=$have
+  for p in "$series"/[0-9][0-9][0-9][0-9]-*.patch; do
+    [ -e "$p" ] || continue
     state[$p]=$(patch_state "$root" "$p")
-    case ${state[$p]} in conflict) conflicts=$((conflicts + 1)) ;; pending) pending=$((pending + 1)) ;; esac
+    [ "${state[$p]}" != conflict ] || conflicts=$((conflicts + 1))
   done
+done
 
-  echo "$project $have at $root/$package:"
-  if [ "$mode" = check ] || [ "$conflicts" -gt 0 ]; then
-    for p in "${patches[@]}"; do
-      case ${state[$p]} in
-        applied) label="applied" ;; pending) label="not applied" ;; conflict) label="CONFLICT" ;;
-      esac
-      printf '  %-12s %s\n' "$label" "$(basename "$p")"
-    done
-  fi
-  if [ "$conflicts" -gt 0 ]; then
-    echo "apply_patches: $conflicts patch(es) of $project neither apply nor revert cleanly:" >&2
-    echo "  the installed files differ from pristine $package $want. Reinstall it, then re-run." >&2
-    echo "  Nothing was changed." >&2
-    exit 2
-  fi
+# Set `patches` to the series of project $1 (empty when it has none).
+series_of() {
+  patches=("$repo/patches/$1"/[0-9][0-9][0-9][0-9]-*.patch)
+  [ -e "${patches[0]}" ] || patches=()
+}
+header() { echo "$1 ${have_of[$1]} at ${root_of[$1]}/${1//-/_}:"; }
+list_states() {
+  for p in "${patches[@]}"; do
+    case ${state[$p]} in
+      applied) label="applied" ;; pending) label="not applied" ;; conflict) label="CONFLICT" ;;
+    esac
+    printf '  %-12s %s\n' "$label" "$(basename "$p")"
+  done
+}
 
+if [ "$conflicts" -gt 0 ]; then
+  for project in "${projects[@]}"; do
+    series_of "$project"
+    header "$project"
+    list_states
+    n=0
+    for p in "${patches[@]}"; do [ "${state[$p]}" != conflict ] || n=$((n + 1)); done
+    if [ "$n" -gt 0 ]; then
+      echo "apply_patches: $n patch(es) of $project neither apply nor revert cleanly:" >&2
+      echo "  the installed files differ from pristine ${project//-/_} ${have_of[$project]}." >&2
+      echo "  Reinstall it, then re-run. Nothing was changed." >&2
+    fi
+  done
+  exit 2
+fi
+
+# Pass 2: act, project by project (reverting: the last project first).
+order=("${projects[@]}")
+if [ "$mode" = revert ]; then
+  order=()
+  for ((i = ${#projects[@]} - 1; i >= 0; i--)); do order+=("${projects[$i]}"); done
+fi
+status=0
+for project in "${order[@]}"; do
+  root=${root_of[$project]}
+  series_of "$project"
+  [ "${#patches[@]}" -gt 0 ] || continue
+  pending=0
+  for p in "${patches[@]}"; do [ "${state[$p]}" != pending ] || pending=$((pending + 1)); done
+
+  header "$project"
   case $mode in
     check)
+      list_states
       [ "$pending" -eq 0 ] || status=1 ;;
     apply)
       if [ "$pending" -eq 0 ]; then
@@ -149,7 +182,5 @@ for project in vllm vllm-ascend; do
       done
       [ "$reverted" -gt 0 ] || echo "  no patch applied; nothing to revert" ;;
   esac
-  unset state
 done
-[ "$found_any" -eq 1 ] || exit 4
 exit $status
