@@ -14,7 +14,8 @@ KVWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 """`write(key [T, H, D], value [T, H, D], slots [T] int64)`."""
 
 
-def make_kv_writer(kv_cache: torch.Tensor, layer, vllm_config) -> KVWriter:
+def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer,
+                   vllm_config) -> KVWriter:
     """The writer for one layer's paged cache on the current platform."""
     from vllm.platforms import current_platform
 
@@ -22,6 +23,10 @@ def make_kv_writer(kv_cache: torch.Tensor, layer, vllm_config) -> KVWriter:
         return _cpu_writer(kv_cache, vllm_config)
     if current_platform.is_cuda_alike():
         return _flash_writer(kv_cache, layer)
+    if current_platform.device_type == "npu":  # vllm-ascend: a (k_cache, v_cache) pair per layer
+        from vllm_ascend_chunk.ops.npu import npu_kv_writer
+
+        return npu_kv_writer(kv_cache, layer)
     raise NotImplementedError(
         f"Chunk Cache has no KV writer for platform {current_platform.device_name!r}; "
         "set VLLM_ENABLE_CHUNK_CACHE=false")
