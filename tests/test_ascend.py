@@ -1,0 +1,359 @@
+"""The Ascend side without an NPU.
+
+The vllm-ascend patch series against the pristine 0.23.0.post1 sdist (downloaded once, cached in
+the user cache folder): apply, check, revert, idempotence, refusals, byte-compilation and
+regeneration. The NPU ops' layout and index logic on CPU tensors in the NPU layout (separate K
+and V caches of [blocks, 128, heads, head_size], int32 slots), with the pure-torch references
+standing in for the torch_npu calls. And `scripts/npu_selfcheck.py` as far as it runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import io
+import os
+import py_compile
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from contextlib import redirect_stdout
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_ascend_chunk.ops import npu
+from vllm_ascend_chunk.ops.rotary import RotarySpec, apply_rotation_, rotation_tables
+
+REPO = Path(__file__).resolve().parent.parent
+APPLY = REPO / "scripts" / "apply_patches.sh"
+ASCEND_VERSION = "0.23.0.post1"
+SERIES = REPO / "patches" / "vllm-ascend"
+PATCHES = sorted(SERIES.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+VLLM_PATCHES = sorted((REPO / "patches" / "vllm").glob("[0-9][0-9][0-9][0-9]-*.patch"))
+BLOCK_SIZE = 128
+
+
+def touched_files(patch: Path) -> list[str]:
+    return re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)
+
+
+def run(*args: str, target: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(APPLY), "--target", str(target), *args], capture_output=True, text=True)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.py"))}
+
+
+def _fetch_sdist(cache: Path) -> Path:
+    sdist = cache / f"vllm_ascend-{ASCEND_VERSION}.tar.gz"
+    if sdist.exists():
+        return sdist
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        # pip prepares an sdist's metadata even to download it; vllm-ascend's setup.py needs
+        # setuptools_scm and SOC_VERSION for that, and nothing of its heavy build requirements
+        # (torch-npu, triton-ascend) when build isolation is off.
+        tools = Path(tmp) / "tools"
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+        subprocess.run([*pip, "install", "--quiet", "--target", str(tools), "setuptools-scm>=8"],
+                       check=True, capture_output=True)
+        env = {**os.environ, "SOC_VERSION": "ascend910b1", "PYTHONPATH": str(tools)}
+        subprocess.run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "--no-build-isolation", f"vllm-ascend=={ASCEND_VERSION}", "-d", tmp],
+                       check=True, capture_output=True, env=env)
+        os.replace(Path(tmp) / sdist.name, sdist)
+    return sdist
+
+
+@pytest.fixture(scope="session")
+def pristine_ascend() -> Path:
+    """A folder holding the pristine `vllm_ascend/` of the sdist (downloaded and unpacked once)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-ascend-chunk"
+    root = cache / f"vllm-ascend-{ASCEND_VERSION}"
+    if not (root / "vllm_ascend" / "_version.py").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        sdist = _fetch_sdist(cache)
+        shutil.rmtree(root, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp, tarfile.open(sdist) as tar:
+            top = f"vllm_ascend-{ASCEND_VERSION}/vllm_ascend"
+            tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.startswith(top + "/")],
+                           filter="data")
+            os.replace(Path(tmp) / f"vllm_ascend-{ASCEND_VERSION}", root)
+    return root
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, pristine_ascend: Path) -> Path:
+    """Pristine vllm_ascend/ plus the vllm/ files of the vLLM series, reverted to pristine."""
+    installed = Path(importlib.util.find_spec("vllm").submodule_search_locations[0]).parent
+    for rel in {"vllm/_version.py", *(f for p in VLLM_PATCHES for f in touched_files(p))}:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(installed / rel, tmp_path / rel)
+    shutil.copytree(pristine_ascend / "vllm_ascend", tmp_path / "vllm_ascend")
+    assert run("--revert", target=tmp_path).returncode == 0
+    return tmp_path
+
+
+# ---------------------------------------------------------------------------------------------
+# The patch series on the pristine sdist
+
+def test_series_targets_the_pinned_release_one_module_per_patch():
+    assert (SERIES / "TARGET_VERSION").read_text().strip() == ASCEND_VERSION
+    assert PATCHES
+    for p in PATCHES:
+        module = re.fullmatch(r"\d{4}-(vllm_ascend\.[\w.]+)\.patch", p.name).group(1)
+        assert [f.removesuffix(".py").replace("/", ".") for f in touched_files(p)] == [module]
+        assert p.read_text().startswith("Generated by scripts/regen_patches.py")
+
+
+def test_apply_check_revert_on_the_pristine_sdist(scratch: Path):
+    pristine = tree_bytes(scratch)
+    total = len(PATCHES) + len(VLLM_PATCHES)
+    check = run("--check", target=scratch)
+    assert check.returncode == 1
+    assert check.stdout.count("not applied") == total
+    assert f"vllm-ascend {ASCEND_VERSION} at {scratch}/vllm_ascend:" in check.stdout
+
+    first = run(target=scratch)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("applied ") == total
+    patched = tree_bytes(scratch)
+    changed = {f for f in patched if patched[f] != pristine[f]}
+    assert changed == {f for p in PATCHES + VLLM_PATCHES for f in touched_files(p)}
+    for rel in sorted(changed):
+        py_compile.compile(str(scratch / rel), cfile=str(scratch / "compiled" / f"{rel}c"), doraise=True)
+
+    second = run(target=scratch)
+    assert second.returncode == 0
+    assert second.stdout.count("already applied; nothing to do") == 2
+    assert tree_bytes(scratch) == patched
+    check = run("--check", target=scratch)
+    assert check.returncode == 0 and "not applied" not in check.stdout
+
+    assert run("--revert", target=scratch).returncode == 0
+    assert tree_bytes(scratch) == pristine
+    assert run("--revert", target=scratch).stdout.count("nothing to revert") == 2
+
+
+def test_runner_hook_follows_the_slot_mapping(scratch: Path):
+    """NPUModelRunner._prepare_inputs: prepare_step runs after the last slot-mapping computation,
+    with the runner, the scheduler output, the request count and the token count."""
+    assert run(target=scratch).returncode == 0
+    tree = ast.parse((scratch / "vllm_ascend/worker/model_runner_v1.py").read_text())
+    runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NPUModelRunner")
+    prepare = next(n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "_prepare_inputs")
+    calls = [n for n in ast.walk(prepare) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    slot_mapping = max(c.lineno for c in calls if c.func.attr == "compute_slot_mapping")
+    (hook,) = [c for c in calls if c.func.attr == "prepare_step"]
+    assert ast.unparse(hook) == ("chunk_worker_hooks.prepare_step(self, scheduler_output, num_reqs, "
+                                 "total_num_scheduled_tokens)")
+    assert hook.lineno > slot_mapping
+
+
+def test_version_mismatch_is_refused_and_changes_nothing(scratch: Path):
+    version = scratch / "vllm_ascend" / "_version.py"
+    version.write_text(version.read_text().replace(f"'{ASCEND_VERSION}'", "'0.24.0'"))
+    before = tree_bytes(scratch)
+    for args in ((), ("--check",), ("--revert",)):
+        result = run(*args, target=scratch)
+        assert result.returncode == 3
+        assert "vllm_ascend 0.24.0" in result.stderr
+        assert f"targets vllm_ascend {ASCEND_VERSION}" in result.stderr
+    assert tree_bytes(scratch) == before  # the vLLM series was not applied either
+
+
+def test_conflict_is_reported_and_changes_nothing(scratch: Path):
+    victim = scratch / touched_files(PATCHES[0])[0]
+    source = victim.read_text()
+    line = "from vllm_ascend.worker.utils import AscendKVBlockZeroer, copy_snapshot_to_gpu\n"
+    assert source.count(line) == 1
+    victim.write_text(source.replace(line, line.rstrip() + "  # a local edit\n"))
+    before = tree_bytes(scratch)
+    result = run(target=scratch)
+    assert result.returncode == 2
+    assert "CONFLICT" in result.stdout and "Nothing was changed" in result.stderr
+    assert tree_bytes(scratch) == before
+
+
+def test_regeneration_reproduces_the_committed_series(scratch: Path, pristine_ascend: Path, tmp_path_factory):
+    assert run(target=scratch).returncode == 0
+    out = tmp_path_factory.mktemp("series")
+    for p in PATCHES:  # numbering is kept from the existing series
+        shutil.copy2(p, out / p.name)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "regen_patches.py"), "vllm-ascend",
+                    "--pristine", str(pristine_ascend), "--edited", str(scratch), "--out", str(out)],
+                   check=True, capture_output=True)
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))} == \
+           {p.name: p.read_bytes() for p in PATCHES}
+
+
+# ---------------------------------------------------------------------------------------------
+# The NPU ops on CPU tensors in the NPU layout
+
+POISON = -4242.0
+
+
+def _poisoned_pair(num_blocks: int, heads: int, head_size: int, dtype: torch.dtype):
+    return tuple(torch.full((num_blocks, BLOCK_SIZE, heads, head_size), POISON, dtype=dtype) for _ in "kv")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_writer_puts_each_token_in_its_block_and_offset(dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(1)
+    num_blocks, heads, head_size, tokens = 4, 2, 64, 300
+    key, value = (torch.randn(tokens, heads, head_size, generator=gen).to(dtype) for _ in "kv")
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=gen)[:tokens]  # int64, as the pool passes
+    seen = []
+
+    def op(**kwargs):
+        seen.append(kwargs["slot_mapping"].dtype)
+        npu.reshape_and_cache_reference(**kwargs)
+
+    caches = _poisoned_pair(num_blocks, heads, head_size, dtype)
+    npu.npu_kv_writer(caches, write_op=op)(key, value, slots)
+
+    expected = _poisoned_pair(num_blocks, heads, head_size, dtype)
+    for i, slot in enumerate(slots.tolist()):  # independent of the reference's vectorised indexing
+        expected[0][slot // BLOCK_SIZE, slot % BLOCK_SIZE] = key[i]
+        expected[1][slot // BLOCK_SIZE, slot % BLOCK_SIZE] = value[i]
+    assert seen == [torch.int32]
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+
+
+def test_reference_refuses_slots_outside_the_cache():
+    caches = _poisoned_pair(2, 1, 8, torch.float32)
+    kv = torch.zeros(1, 1, 8)
+    for slot in (-1, 2 * BLOCK_SIZE):
+        with pytest.raises(IndexError):
+            npu.reshape_and_cache_reference(kv, kv, *caches, torch.tensor([slot], dtype=torch.int32))
+
+
+def test_writer_refuses_layouts_other_than_the_nd_pair():
+    layer = SimpleNamespace(num_kv_heads=2, head_size=64, layer_name="model.layers.0.self_attn.attn")
+    with pytest.raises(NotImplementedError, match="ND paged KV cache"):
+        npu.npu_kv_writer(torch.zeros(3, 2, BLOCK_SIZE, 2, 64), layer, npu.reshape_and_cache_reference)
+    with pytest.raises(NotImplementedError, match="ND paged KV cache"):
+        npu.npu_kv_writer((torch.zeros(3, BLOCK_SIZE, 2, 64), torch.zeros(3, BLOCK_SIZE, 2, 32)), layer,
+                          npu.reshape_and_cache_reference)
+    nz_like = tuple(torch.zeros(3, 2 * 64 // 16, BLOCK_SIZE, 16) for _ in "kv")  # Atlas 300I's layout
+    with pytest.raises(NotImplementedError, match="unsupported NPU layout"):
+        npu.npu_kv_writer(nz_like, layer, npu.reshape_and_cache_reference)
+
+
+def test_make_kv_writer_takes_the_npu_branch_on_ascend(monkeypatch):
+    import vllm.platforms
+
+    from vllm_ascend_chunk.ops.kv_write import make_kv_writer
+
+    ascend = SimpleNamespace(is_cpu=lambda: False, is_cuda_alike=lambda: False, device_type="npu",
+                             device_name="npu")
+    monkeypatch.setattr(vllm.platforms, "current_platform", ascend, raising=False)
+    monkeypatch.setattr(npu, "device_reshape_and_cache", lambda: npu.reshape_and_cache_reference)
+    caches = _poisoned_pair(2, 1, 8, torch.float32)
+    layer = SimpleNamespace(num_kv_heads=1, head_size=8, layer_name="l0")
+    make_kv_writer(caches, layer, None)(torch.ones(1, 1, 8), 2 * torch.ones(1, 1, 8), torch.tensor([130]))
+    assert (caches[0][1, 2] == 1).all() and (caches[1][1, 2] == 2).all()
+    assert int((caches[0] == POISON).sum()) == caches[0].numel() - 8
+
+
+def test_rotary_mul_reference_follows_the_documented_formula():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    zero, one = torch.zeros(4), torch.ones(4)
+    assert npu.rotary_mul_reference(x, zero, one, "half").tolist() == [-3.0, -4.0, 1.0, 2.0]
+    assert npu.rotary_mul_reference(x, zero, one, "interleave").tolist() == [-2.0, 1.0, -4.0, 3.0]
+    assert npu.rotary_mul_reference(x, one, zero).tolist() == x.tolist()
+    with pytest.raises(ValueError):
+        npu.rotary_mul_reference(x, one, zero, "other")
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("rotary_dim", [128, 64])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_fused_rotation_matches_the_torch_reference(neox: bool, rotary_dim: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(rotary_dim + neox)
+    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    spec = RotarySpec(head_size=128, rotary_dim=rotary_dim, is_neox_style=neox, inv_freq=inv_freq)
+    keys = torch.randn(40, 4, 128, generator=gen).to(dtype)
+    deltas = torch.randint(-5000, 5000, (40,), generator=gen)
+    cos, sin = rotation_tables(deltas, spec, torch.device("cpu"))
+    want = apply_rotation_(keys.clone(), cos, sin, spec)
+    got = keys.clone()
+    assert npu.npu_apply_rotation_(got, cos, sin, spec, rotary_mul=npu.rotary_mul_reference) is got
+    assert torch.equal(got, want)  # same float32 products and sums, one rounding: bit-identical
+
+
+def test_fused_rotation_refuses_bad_shapes():
+    spec = RotarySpec(head_size=8, rotary_dim=8, is_neox_style=True, inv_freq=torch.ones(4))
+    cos = torch.ones(3, 4)
+    for keys, c in ((torch.zeros(3, 8), cos), (torch.zeros(3, 1, 16), cos), (torch.zeros(3, 1, 8), cos[:2])):
+        with pytest.raises(ValueError):
+            npu.npu_apply_rotation_(keys, c, c, spec, rotary_mul=npu.rotary_mul_reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/npu_selfcheck.py without an NPU
+
+@pytest.fixture(scope="module")
+def selfcheck():
+    spec = importlib.util.spec_from_file_location("npu_selfcheck", REPO / "scripts" / "npu_selfcheck.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_selfcheck_help_needs_no_torch_npu():
+    assert importlib.util.find_spec("torch_npu") is None
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "npu_selfcheck.py"), "--help"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "--skip-generation" in result.stdout
+
+
+def test_selfcheck_op_checks_pass_on_cpu(selfcheck):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert selfcheck.main(["--device", "cpu", "--skip-generation"]) == 0
+    lines = out.getvalue().splitlines()
+    assert sum(line.startswith("PASS  kv writer") for line in lines) == 6
+    assert sum(line.startswith("PASS  rotation (fused op)") for line in lines) == 12
+    assert not any(line.startswith("FAIL") for line in lines)
+
+
+def test_selfcheck_catches_faulty_ops(selfcheck):
+    def shifted_writer(pair):  # every token one slot too far
+        write = npu.npu_kv_writer(pair, write_op=npu.reshape_and_cache_reference)
+        return lambda k, v, slots: write(k, v, (slots + 1) % (pair[0].shape[0] * BLOCK_SIZE))
+
+    ok, detail = selfcheck.check_kv_writer(shifted_writer, "cpu", torch.bfloat16, 2, 64, seed=0)
+    assert not ok and detail.split()[0] != "0"
+
+    def wrong_sign(keys, cos, sin, spec):
+        return apply_rotation_(keys, cos, -sin, spec)
+
+    def touches_the_tail(keys, cos, sin, spec):
+        keys[..., spec.rotary_dim:] += 1
+        return apply_rotation_(keys, cos, sin, spec)
+
+    for rotate in (wrong_sign, touches_the_tail):
+        assert not selfcheck.check_rotation(rotate, "cpu", torch.float32, True, 64, seed=0)[0]
+
+    def raises():
+        raise RuntimeError("op refused its input")
+
+    (result,) = selfcheck.run_checks(iter([("refusing op", raises)]))
+    assert not result.ok and "op refused its input" in result.detail
+
+
+def test_selfcheck_lets_sequences_part_only_at_a_near_tie(selfcheck):
+    ref = {"tokens": [1, 2, 3], "gaps": [2.0, 0.01, 2.0]}
+    assert selfcheck.agreement("x", ref, {"tokens": [1, 2, 3]}, 0.05).ok
+    assert selfcheck.agreement("x", ref, {"tokens": [1, 9, 9]}, 0.05).ok
+    assert not selfcheck.agreement("x", ref, {"tokens": [7, 2, 3]}, 0.05).ok
+    assert not selfcheck.agreement("x", ref, {"tokens": [1, 2]}, 0.05).ok
