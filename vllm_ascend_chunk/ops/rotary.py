@@ -87,6 +87,23 @@ def apply_rotation_(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return keys
 
 
+@dataclass(frozen=True, eq=False)
+class Rotation:
+    """The rotary correction of one load: every row moved by its own delta."""
+
+    spec: RotarySpec
+    cos: torch.Tensor
+    """[T, rotary_dim // 2] float32, from `rotation_tables`."""
+    sin: torch.Tensor
+
+    @classmethod
+    def for_deltas(cls, deltas: torch.Tensor, spec: RotarySpec, device: torch.device) -> Rotation:
+        return cls(spec, *rotation_tables(deltas, spec, device))
+
+    def apply_(self, keys: torch.Tensor) -> torch.Tensor:
+        return apply_rotation_(keys, self.cos, self.sin, self.spec)
+
+
 def rerotate_keys_(keys: torch.Tensor, deltas: torch.Tensor, spec: RotarySpec) -> torch.Tensor:
     """Rotate ``keys`` [T, H, head_size] in place by ``deltas`` [T] positions; returns ``keys``."""
     if deltas.shape != keys.shape[:1]:
