@@ -11,6 +11,7 @@ near-ties (`--report` prints the top-1/top-2 logit gap distribution).
 Models written under DIR (default: `$CHUNK_CACHE_MODELS_DIR` or `<repo>/.models`):
   tiny-llama   Llama, 2 layers, 128 wide, GQA 4/2
   tiny-qwen2   Qwen2, 2 layers, 128 wide, GQA 4/2, qkv bias
+  tiny-llama3  as tiny-llama, with Llama3 rope scaling (the sequential layout's rotary tests)
   (head_dim 32: the smallest the vLLM CPU attention supports)
   bench-llama  Llama, 6 layers, 512 wide (benchmarks and the demo)
 """
@@ -52,6 +53,13 @@ MODELS: dict[str, dict] = {
     "tiny-qwen2": dict(
         arch="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, seed=2,
+    ),
+    # Llama3 rope scaling with a short original context, so the rescaled bands matter at test lengths.
+    "tiny-llama3": dict(
+        arch="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, seed=4,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     ),
     "bench-llama": dict(
         arch="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
@@ -140,7 +148,7 @@ def hf_config(spec: dict, tok) -> dict:
         "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "rope_scaling": None,
+        "rope_scaling": spec.get("rope_scaling"),
         "tie_word_embeddings": False,
         "bos_token_id": tok.token_to_id(BOS),
         "eos_token_id": tok.token_to_id(EOS),

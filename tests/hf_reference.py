@@ -3,8 +3,14 @@ explicit 4D float mask and explicit position ids, greedy, no KV cache (every ste
 
 The contract (DESIGN §2): SYS is causal; chunk C_i attends to SYS and causally within itself;
 the question and generated tokens attend to everything before them. Positions: `overlap` puts
-every chunk at `s..s+len(C_i)-1` and the question at `s + max len(C_i)`; `sequential` uses the
-positions of the plain concatenation. With no chunks this is ordinary causal decoding.
+every chunk at `s..s+len(C_i)-1` and the question at `s + max len(C_i)`. With no chunks this is
+ordinary causal decoding.
+
+`sequential` (`greedy_sequential`) cannot be one masked forward: each chunk is computed as the
+prompt `SYS + C_i` (so it sees SYS at the distances of that prompt), its keys are then moved to
+the positions of the plain concatenation by HF's own rotary embedding (a rotation by the sum of
+the lengths of the chunks before it), and the question and generated tokens are decoded on that
+assembled cache at the positions of the plain concatenation.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ def position_ids(sys_len: int, chunk_lens: list[int], total: int, layout: str = 
         pos[sys_len:sys_len + sum(chunk_lens)] = torch.cat(chunk_pos)
         q_start = sys_len + sum(chunk_lens)
         pos[q_start:] = torch.arange(total - q_start) + sys_len + max(chunk_lens)
-    elif layout not in ("overlap", "sequential"):
+    elif layout != "overlap":
         raise ValueError(f"unknown layout {layout!r}")
     return pos[None]
 
@@ -60,6 +66,8 @@ def position_ids(sys_len: int, chunk_lens: list[int], total: int, layout: str = 
 def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None,
            chunk_lens: list[int] | None = None, layout: str = "overlap") -> Reference:
     chunk_lens = chunk_lens or []
+    if layout == "sequential" and chunk_lens:
+        return greedy_sequential(model, prompt, max_tokens, sys_len, chunk_lens)
     sys_len = len(prompt) if sys_len is None else sys_len
     ids = list(prompt)
     out = Reference(tokens=[])
@@ -75,6 +83,48 @@ def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None
         out.tokens.append(token)
         out.logprobs.append(float(logprobs[token]))
         ids.append(token)
+    return out
+
+
+@torch.no_grad()
+def greedy_sequential(model, prompt: list[int], max_tokens: int, sys_len: int,
+                      chunk_lens: list[int]) -> Reference:
+    from transformers import DynamicCache
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    layers = model.config.num_hidden_layers
+    keys: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+    values: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+    start = offset = sys_len
+    for i, n in enumerate(chunk_lens):
+        ids = prompt[:sys_len] + prompt[start:start + n]
+        cache = model(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+        delta = torch.full((1, n), offset - sys_len)  # computed at sys_len.., placed at offset..
+        for layer in range(layers):
+            k, v = cache.layers[layer].keys, cache.layers[layer].values  # [1, H, T, D], post-RoPE
+            cos, sin = model.model.rotary_emb(v, delta)
+            _, moved = apply_rotary_pos_emb(k[:, :, sys_len:], k[:, :, sys_len:], cos, sin)
+            if i == 0:
+                keys[layer].append(k[:, :, :sys_len])
+                values[layer].append(v[:, :, :sys_len])
+            keys[layer].append(moved)
+            values[layer].append(v[:, :, sys_len:])
+        start += n
+        offset += n
+    cache = DynamicCache()
+    for layer in range(layers):
+        cache.update(torch.cat(keys[layer], dim=2), torch.cat(values[layer], dim=2), layer)
+    out, ids = Reference(tokens=[]), list(prompt[offset:])
+    for _ in range(max_tokens):
+        positions = torch.arange(offset, offset + len(ids))[None]
+        logits = model(input_ids=torch.tensor([ids]), position_ids=positions, past_key_values=cache,
+                       use_cache=True).logits[0, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        token = int(logprobs.argmax())
+        out.tokens.append(token)
+        out.logprobs.append(float(logprobs[token]))
+        offset += len(ids)
+        ids = [token]
     return out
 
 

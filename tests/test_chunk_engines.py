@@ -25,10 +25,10 @@ def run_engine(model_dir: Path, rounds: list[dict], engine: dict | None = None,
     return json.loads(run.stdout.split("RESULT ", 1)[1])
 
 
-def check_round(model, raw_tok, prompts, results, max_tokens, what):
+def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap"):
     for prompt, res in zip(prompts, results, strict=True):
         assert "error" not in res, res
-        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens)
+        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout)
         assert res["prompt_ids"] == exp.token_ids
         cc.assert_matches(res["tokens"], res["logprobs"], ref, f"{what}: {prompt[:50]}")
 
@@ -57,6 +57,26 @@ def test_qwen2_cold_warm_reordered(models_dir: Path):
     assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
     assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (6, 0)
     assert reord["pinned_entries"] == 0
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama3"])
+def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
+    """Chunks at the positions of the plain concatenation: cached keys re-rotated on load
+    (tiny-llama3: Llama3 rope scaling, so the rescaled frequency bands are exercised)."""
+    docs = [cc.document(140 + i, 80 + 30 * i) for i in range(4)] + [cc.UNICODE_DOC]
+    first = [cc.chunked(cc.SYS, docs[:3], "What is first?"),
+             cc.chunked(cc.SYS, [docs[3], docs[4], docs[0]], "Which is French?")]
+    reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
+                 cc.chunked(cc.SYS, [docs[4], docs[1], docs[3], docs[2]], "Mixed?")]
+    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True}]
+    result = run_engine(models_dir / name, rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "sequential"})
+    model, raw_tok = tools(models_dir, name)
+    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
+        check_round(model, raw_tok, rnd["prompts"], res, 8, f"{name} sequential {what}", "sequential")
+    cold, warm, reord = result["states"]
+    assert (cold["hits"], cold["misses"]) == (1, 5)  # docs[0] planned by the first request
+    assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
+    assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (7, 0)
 
 
 # A 32-page (512-token) pool: every request nearly fills it, so chunks are evicted all the time;

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 import make_tiny_models  # noqa: E402
 
-TINY = ["tiny-llama", "tiny-qwen2"]
+TINY = ["tiny-llama", "tiny-qwen2", "tiny-llama3"]
 TEXTS = make_tiny_models.synthetic_corpus(seed=7, n_lines=200) + [
     "", " ", "  two  spaces\tand tab\nnewline\r\n", "café naïve Straße", "日本語の文書を検索", "😀🚀 emoji",
     "e\u0301 combining", "ＡＢＣ full width", "'s 're 've", "x # # y # #z", "\x00\x07 control",

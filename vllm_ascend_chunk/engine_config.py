@@ -71,8 +71,13 @@ def _refuse_conflicts(vllm_config) -> None:
         problems.append("speculative decoding")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         problems.append("pipeline parallelism")
+    parallel = vllm_config.parallel_config
+    if parallel.prefill_context_parallel_size > 1 or parallel.decode_context_parallel_size > 1:
+        problems.append("context parallelism")  # per-step positions/slots are not split per rank
     if vllm_config.model_config.get_sliding_window() is not None:
         problems.append("sliding-window attention")
+    if vllm_config.model_config.use_mla:
+        problems.append("MLA attention")  # latent KV is never captured by the attention hook
     kv = vllm_config.kv_transfer_config
     if kv is not None and kv.kv_connector not in (None, CONNECTOR):
         problems.append(f"the KV connector {kv.kv_connector!r} (the chunk cache is a KV connector)")

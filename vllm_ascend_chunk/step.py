@@ -16,6 +16,9 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
     """Pool rows to copy into the paged KV cache before the forward ..."""
     load_slots: list[int] = field(default_factory=list)
     """... and the paged-cache slot each row goes to."""
+    load_deltas: list[int] = field(default_factory=list)
+    """Sequential layout: RoPE position delta of each loaded row (its keys are re-rotated by it
+    on the way); empty in the overlap layout."""
     captures: dict[str, list[int]] = field(default_factory=dict)
     """Internal chunk prefills scheduled this step: request id → pool row of each prompt token
     (-1 = not stored). Their post-RoPE K/V are captured into the pool during the forward."""

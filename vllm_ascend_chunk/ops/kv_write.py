@@ -1,7 +1,9 @@
 """Writing K/V rows into a layer's paged KV cache through the backend's own cache-write op.
 
 Every backend owns its layout (the CPU one is ISA-packed), so the pool never decodes it: rows
-are written with the op the attention backend itself uses. One writer per layer.
+are written with the op the attention backend itself uses. One writer per layer. A loader moves
+pool rows into slots, re-rotating keys on the way (sequential layout): gather, rotate, write, or
+one fused Triton kernel on CUDA, whose flash layout is plain.
 """
 
 from __future__ import annotations
@@ -10,8 +12,41 @@ from collections.abc import Callable
 
 import torch
 
+from vllm_ascend_chunk.ops.rotary import Rotation
+
 KVWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 """`write(key [T, H, D], value [T, H, D], slots [T] int64)`."""
+KVLoader = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Rotation | None], None]
+"""`load(pool_key [R, H, D], pool_value [R, H, D], rows [T], slots [T], rotation)`."""
+
+
+def make_kv_loader(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer,
+                   vllm_config) -> KVLoader:
+    """The pool → paged-cache loader for one layer on the current platform."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike():
+        from vllm_ascend_chunk.ops.triton_kv_load import load_into_paged
+
+        key_cache, value_cache = kv_cache.unbind(1)  # [blocks, 2, block, heads, head] (flash layout)
+        return lambda pool_k, pool_v, rows, slots, rotation: load_into_paged(
+            pool_k, pool_v, rows, slots, key_cache, value_cache, rotation)
+    rotate = Rotation.apply_
+    if current_platform.device_type == "npu":
+        from vllm_ascend_chunk.ops.npu import npu_apply_rotation_
+
+        rotate = lambda rotation, keys: npu_apply_rotation_(  # noqa: E731
+            keys, rotation.cos, rotation.sin, rotation.spec)
+    write = make_kv_writer(kv_cache, layer, vllm_config)
+
+    def load(pool_k: torch.Tensor, pool_v: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+             rotation: Rotation | None) -> None:
+        key = pool_k.index_select(0, rows)
+        if rotation is not None:
+            rotate(rotation, key)
+        write(key, pool_v.index_select(0, rows), slots)
+
+    return load
 
 
 def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer,
@@ -21,8 +56,6 @@ def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], l
 
     if current_platform.is_cpu():
         return _cpu_writer(kv_cache, vllm_config)
-    if current_platform.is_cuda_alike():
-        return _flash_writer(kv_cache, layer)
     if current_platform.device_type == "npu":  # vllm-ascend: a (k_cache, v_cache) pair per layer
         from vllm_ascend_chunk.ops.npu import npu_kv_writer
 
@@ -45,17 +78,5 @@ def _cpu_writer(kv_cache: torch.Tensor, vllm_config) -> KVWriter:
     def write(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
         ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa,
                                        kv_cache_dtype=cache_dtype)
-
-    return write
-
-
-def _flash_writer(kv_cache: torch.Tensor, layer) -> KVWriter:
-    from vllm import _custom_ops as ops
-
-    key_cache, value_cache = kv_cache.unbind(1)  # [blocks, 2, block, heads, head] (FA/FlashInfer/Triton)
-
-    def write(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
-        ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, "auto",
-                                    layer._k_scale, layer._v_scale)
 
     return write

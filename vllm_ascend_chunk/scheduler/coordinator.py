@@ -9,7 +9,8 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`):
 3. Once resident, R is admitted with `question_start - local_hit` tokens counted as computed;
    `update_state_after_alloc` turns them into a load (pool rows → R's slots), sent to the
    workers by `build_connector_meta`, after which R's pins are released.
-4. Every step R computes tokens, its RoPE positions are shifted (overlap layout).
+4. Every step R computes tokens, its RoPE positions are shifted (overlap layout); in the
+   sequential layout its chunk keys are re-rotated on load instead.
 A job's K/V are captured into its pending entries while it computes; when the job finishes,
 `request_finished` marks them resident. Preempted requests plan again.
 """
@@ -72,6 +73,7 @@ class _Step:
     loaded: list[UserRequest] = field(default_factory=list)
     load_rows: list[int] = field(default_factory=list)
     load_slots: list[int] = field(default_factory=list)
+    load_deltas: list[int] = field(default_factory=list)
 
 
 class ChunkCacheCoordinator:
@@ -168,6 +170,8 @@ class ChunkCacheCoordinator:
         bs = self.block_size
         self._step.load_rows += self._source_rows(user)[start:end]
         self._step.load_slots += [block_ids[t // bs] * bs + t % bs for t in range(start, end)]
+        if self.layout == "sequential":
+            self._step.load_deltas += self._sequential_deltas(user.info)[start:end]
         self._step.loaded.append(user)
 
     def position_shift(self, info: ChunkCacheInfo) -> int:
@@ -175,6 +179,16 @@ class ChunkCacheCoordinator:
         if self.layout != "overlap" or not info.chunk_lens:
             return 0
         return sum(info.chunk_lens) - max(info.chunk_lens)
+
+    @staticmethod
+    def _sequential_deltas(info: ChunkCacheInfo) -> list[int]:
+        """RoPE delta of every token before the question: 0 for SYS, for C_i the lengths of the
+        chunks before it (its cached keys were computed right after SYS)."""
+        deltas, offset = [0] * info.sys_len, 0
+        for n in info.chunk_lens:
+            deltas += [offset] * n
+            offset += n
+        return deltas
 
     def _source_rows(self, user: UserRequest) -> list[int]:
         """Pool row of every token before the question: SYS, then each chunk."""
@@ -185,6 +199,7 @@ class ChunkCacheCoordinator:
         meta = ChunkCacheStepMetadata(
             load_rows=self._step.load_rows,
             load_slots=self._step.load_slots,
+            load_deltas=self._step.load_deltas,
             captures={rid: self.jobs[rid].capture_rows for rid in scheduled if rid in self.jobs},
             position_shifts={rid: self.position_shift(self.users[rid].info)
                              for rid in scheduled if rid in self.users},

@@ -9,13 +9,24 @@ slots; `capture` (from the attention op, every layer) stores the captured tokens
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
+from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.ops.kv_write import make_kv_writer
+from vllm_ascend_chunk.ops.kv_write import make_kv_loader
+from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
+
+logger = logging.getLogger("vllm.chunk_cache")
+
+
+def _same_rope(a: RotarySpec, b: RotarySpec) -> bool:
+    return (a.rotary_dim, a.head_size, a.is_neox_style) == (b.rotary_dim, b.head_size, b.is_neox_style) \
+        and torch.equal(a.inv_freq, b.inv_freq)
 
 
 class ChunkCacheWorker:
@@ -23,14 +34,34 @@ class ChunkCacheWorker:
         self.vllm_config = vllm_config
         self.geometry = geometry
         self.pool: ChunkCachePool | None = None
+        self.rotary: RotarySpec | None = None
+        """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._capture: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch tokens, pool rows)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = self.vllm_config.compilation_config.static_forward_context
         names = list(kv_caches)
-        writers = [make_kv_writer(kv_caches[n], layers.get(n), self.vllm_config) for n in names]
-        device = next(iter(kv_caches.values())).device
-        self.pool = ChunkCachePool(self.geometry, names, writers, device)
+        loaders = [make_kv_loader(kv_caches[n], layers.get(n), self.vllm_config) for n in names]
+        first = next(iter(kv_caches.values()))
+        device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
+        self.pool = ChunkCachePool(self.geometry, names, loaders, device)
+
+    def bind_model(self, model) -> None:
+        """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
+        if get_config().layout != "sequential":
+            return
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
+
+        ropes = {id(m): m for m in model.modules() if isinstance(m, RotaryEmbeddingBase)}
+        specs = [rotary_spec_from_vllm(m) for m in ropes.values()]
+        if any(not _same_rope(specs[0], s) for s in specs[1:]):
+            raise UnsupportedRopeError(
+                "the model's layers use different RoPEs; VLLM_CHUNK_CACHE_LAYOUT=sequential supports one "
+                "RoPE per model, VLLM_CHUNK_CACHE_LAYOUT=overlap works with any")
+        self.rotary = specs[0] if specs else None
+        logger.info("Chunk Cache: sequential layout, cached keys re-rotated on load (%s)",
+                    "no RoPE in the model" if self.rotary is None else
+                    f"rotary_dim={self.rotary.rotary_dim}, neox={self.rotary.is_neox_style}")
 
     def prepare_step(self, runner, meta: ChunkCacheStepMetadata, num_reqs: int, num_tokens: int) -> None:
         self._capture = None
@@ -63,8 +94,13 @@ class ChunkCacheWorker:
         if not meta.load_rows:
             return
         device = self.pool.kv.device
+        rotation = None
+        if meta.load_deltas and self.rotary is not None:
+            deltas = torch.tensor(meta.load_deltas, dtype=torch.int64)  # host: float64 angles
+            if deltas.any():
+                rotation = Rotation.for_deltas(deltas, self.rotary, device)
         self.pool.load(torch.tensor(meta.load_rows, dtype=torch.int64, device=device),
-                       torch.tensor(meta.load_slots, dtype=torch.int64, device=device))
+                       torch.tensor(meta.load_slots, dtype=torch.int64, device=device), rotation)
 
     def capture(self, layer_name: str, key: torch.Tensor, value: torch.Tensor) -> None:
         if self._capture is not None:

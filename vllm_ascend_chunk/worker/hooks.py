@@ -24,3 +24,9 @@ def capture(layer_name: str, key: torch.Tensor | None, value: torch.Tensor | Non
     """`unified_attention_with_output`: store this layer's K/V of the tokens being captured."""
     if key is not None and (worker := _chunk_worker()) is not None:
         worker.capture(layer_name, key, value)
+
+
+def bind_model(model) -> None:
+    """`GPUModelRunner.initialize_kv_cache`, after the KV caches are registered (start-up)."""
+    if (worker := _chunk_worker()) is not None:
+        worker.bind_model(model)
