@@ -112,6 +112,20 @@ def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
         assert state["users"] == 0 and state["jobs"] == 0
 
 
+def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path):
+    """Short chunked prompts with long generations in a 6-block KV cache: several are admitted at
+    once, their decodes outgrow the cache, and vLLM preempts some; they plan and load again."""
+    docs = [cc.document(200 + i, 30) for i in range(6)]
+    prompts = [cc.chunked(cc.SYS, [docs[i], docs[(i + 1) % 6]], f"Go on {i}.") for i in range(4)]
+    rounds = [{"prompts": prompts, "batch": True, "max_tokens": 240}]
+    result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE)
+    assert result["states"][0]["preemptions"] > 0, result["states"]
+    model, raw_tok = tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, prompts, result["rounds"][0], 240, "preempted")
+    state = result["states"][0]
+    assert state["pinned_entries"] == 0 and state["users"] == 0 and state["jobs"] == 0
+
+
 def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path):
     """Ordinary prompts: the same tokens with the chunk cache on and off (= unpatched vLLM)."""
     prompts = ["An ordinary prompt about ferries.", "One # # delimiter only.", cc.document(9, 300)]
