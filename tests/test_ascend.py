@@ -26,29 +26,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from patch_helpers import REPO, run, series, touched_files, tree_bytes
 
 from vllm_ascend_chunk.ops import npu
 from vllm_ascend_chunk.ops.rotary import RotarySpec, apply_rotation_, rotation_tables
 
-REPO = Path(__file__).resolve().parent.parent
-APPLY = REPO / "scripts" / "apply_patches.sh"
 ASCEND_VERSION = "0.23.0.post1"
 SERIES = REPO / "patches" / "vllm-ascend"
-PATCHES = sorted(SERIES.glob("[0-9][0-9][0-9][0-9]-*.patch"))
-VLLM_PATCHES = sorted((REPO / "patches" / "vllm").glob("[0-9][0-9][0-9][0-9]-*.patch"))
+PATCHES = series("vllm-ascend")
+VLLM_PATCHES = series("vllm")
 BLOCK_SIZE = 128
-
-
-def touched_files(patch: Path) -> list[str]:
-    return re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)
-
-
-def run(*args: str, target: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(APPLY), "--target", str(target), *args], capture_output=True, text=True)
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.py"))}
 
 
 def _fetch_sdist(cache: Path) -> Path:

@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from patch_helpers import APPLY, REPO, run, series, touched_files, tree_bytes
 
-REPO = Path(__file__).resolve().parent.parent
-APPLY = REPO / "scripts" / "apply_patches.sh"
 SERIES = REPO / "patches" / "vllm"
-PATCHES = sorted(SERIES.glob("[0-9][0-9][0-9][0-9]-*.patch"))
-
-
-def touched_files(patch: Path) -> list[str]:
-    return re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), flags=re.M)
-
-
-def run(*args: str, target: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(APPLY), "--target", str(target), *args], capture_output=True, text=True)
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.py"))}
+PATCHES = series("vllm")
 
 
 @pytest.fixture
