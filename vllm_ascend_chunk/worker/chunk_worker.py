@@ -36,6 +36,7 @@ class ChunkCacheWorker:
         self.pool: ChunkCachePool | None = None
         self.rotary: RotarySpec | None = None
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
+        self._model_bound = False
         self._capture: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch tokens, pool rows)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -48,6 +49,7 @@ class ChunkCacheWorker:
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
+        self._model_bound = True
         if get_config().layout != "sequential":
             return
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
@@ -95,6 +97,9 @@ class ChunkCacheWorker:
             return
         device = self.pool.kv.device
         rotation = None
+        if meta.load_deltas and not self._model_bound:  # a model runner without the bind_model hook
+            raise RuntimeError("Chunk Cache: the sequential layout needs the model's RoPE, but the model "
+                               "runner never called hooks.bind_model; run scripts/apply_patches.sh")
         if meta.load_deltas and self.rotary is not None:
             deltas = torch.tensor(meta.load_deltas, dtype=torch.int64)  # host: float64 angles
             if deltas.any():
