@@ -33,9 +33,10 @@ def tiny_llama_llm(models_dir: Path):
     """A real patched vLLM engine on the tiny Llama model (float32, greedy-friendly)."""
     from vllm import LLM
 
-    # A small token budget makes long prompts and chunk prefills span several steps.
+    # A small token budget makes long prompts and chunk prefills span several steps; stats on
+    # for the metrics tests.
     llm = LLM(str(models_dir / "tiny-llama"), dtype="float32", max_model_len=4096, seed=0,
-              max_num_batched_tokens=512)
+              max_num_batched_tokens=512, disable_log_stats=False)
     yield llm
     del llm
 

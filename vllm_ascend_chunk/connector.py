@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from vllm_ascend_chunk.geometry import pool_geometry
+from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, ChunkCachePromMetrics
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
@@ -53,6 +54,16 @@ class ChunkCacheConnector(KVConnectorBase_V1):
 
     def reset_cache(self) -> bool | None:
         return self.coordinator.reset()
+
+    # -- statistics (payload made by the scheduler, see `vllm_ascend_chunk.metrics`) -------------
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ChunkCacheConnectorStats:
+        return ChunkCacheConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                           per_engine_labelvalues) -> ChunkCachePromMetrics:
+        return ChunkCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- worker role ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches) -> None:

@@ -34,6 +34,7 @@ class ChunkCacheStats:
     misses: int = 0
     """Chunk occurrences not resident (computed, or joined a prefill already in flight)."""
     hit_tokens: int = 0
+    miss_tokens: int = 0
     inflight_joins: int = 0
     """Misses served by a chunk prefill another request had already started."""
     evictions: int = 0
@@ -102,6 +103,7 @@ class ChunkCacheManager:
                 self.stats.hit_tokens += num_tokens
             else:
                 self.stats.misses += 1
+                self.stats.miss_tokens += num_tokens
                 self.stats.inflight_joins += entry not in created
         entries = [self.entries[k] for k, _ in needs]
         for entry in {id(e): e for e in entries}.values():

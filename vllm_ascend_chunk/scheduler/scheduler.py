@@ -13,6 +13,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from vllm_ascend_chunk.metrics import stats_payload
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkJob
 
 
@@ -48,6 +49,13 @@ class _ChunkCacheSchedulerMixin:
             if eco.finished_requests:
                 eco.finished_requests -= hidden
         return outputs
+
+    def make_stats(self, *args, **kwargs):
+        """vLLM's stats plus the chunk cache payload, in the slot vLLM keeps for connector stats."""
+        stats = super().make_stats(*args, **kwargs)
+        if stats is not None:
+            stats.kv_connector_stats = stats_payload(self.chunk_cache.manager)
+        return stats
 
 
 class ChunkCacheScheduler(_ChunkCacheSchedulerMixin, Scheduler):

@@ -1,0 +1,161 @@
+"""Chunk cache statistics: engine core -> vLLM's stat loggers -> log line, Prometheus, Python API.
+
+Every `SchedulerStats` the scheduler makes carries a payload in its `kv_connector_stats` slot,
+the place vLLM keeps for the configured KV connector's statistics: the running totals of the
+counters and the current gauges (totals, not increments, because vLLM's offline engine drops the
+stats of steps whose outputs are all hidden chunk prefills). vLLM hands the payload to the
+connector class: `build_kv_connector_stats` feeds its periodic stats log ("KV Transfer metrics:
+..." after the engine's throughput line), `build_prom_metrics` the Prometheus metrics on
+`/metrics` (and `LLM.get_metrics()`). `chunk_cache_metrics` reads them back for offline use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
+
+PREFIX = "vllm:chunk_cache_"
+
+COUNTERS = {
+    "hits": "Chunk occurrences found resident in the pool when a request was planned.",
+    "misses": "Chunk occurrences not resident (computed, or joined a prefill in flight).",
+    "hit_tokens": "Tokens of the chunk hits (loaded from the pool instead of computed).",
+    "miss_tokens": "Tokens of the chunk misses.",
+    "inflight_joins": "Misses served by a chunk prefill another request had already started.",
+    "evictions": "Pool entries evicted (least recently used first).",
+    "chunk_prefills": "Internal prefills run to compute missing chunks (SYS + chunk).",
+}
+GAUGES = {
+    "usage_ratio": "Fraction of the chunk pool's pages in use (0..1).",
+    "entries": "Entries in the pool (resident or being computed).",
+    "pinned_entries": "Entries pinned by requests in flight.",
+}
+
+
+def stats_payload(manager: ChunkCacheManager) -> dict[str, int | float]:
+    """The manager's counter totals and pool gauges, as sent with every `SchedulerStats`."""
+    data: dict[str, int | float] = {name: getattr(manager.stats, name) for name in COUNTERS}
+    data.update(usage_ratio=manager.usage_ratio, entries=len(manager.entries),
+                pinned_entries=manager.pinned_entries)
+    return data
+
+
+class ChunkCacheConnectorStats(KVConnectorStats):
+    """The latest payload of a logging interval (every payload holds totals)."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        self.data = dict(other.data)
+        return self
+
+    def reduce(self) -> dict[str, int | float | str]:
+        d = self.data
+        occurrences = d["hits"] + d["misses"]
+        return {"chunk_hits": d["hits"], "chunk_misses": d["misses"],
+                "chunk_hit_rate": f"{100 * d['hits'] / occurrences:.1f}%" if occurrences else "-",
+                "chunk_prefills": d["chunk_prefills"], "evictions": d["evictions"],
+                "pool_usage": f"{100 * d['usage_ratio']:.1f}%", "pinned_entries": d["pinned_entries"]}
+
+    def is_empty(self) -> bool:
+        return not (self.data.get("hits") or self.data.get("misses"))
+
+
+class ChunkCachePromMetrics(KVConnectorPromMetrics):
+    """`vllm:chunk_cache_*` counters and gauges, one child per engine (counters follow the totals)."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters = {
+            name: create_metric_per_engine(
+                self._counter_cls(name=PREFIX + name, documentation=doc, labelnames=labelnames),
+                per_engine_labelvalues)
+            for name, doc in COUNTERS.items()}
+        self.gauges = {
+            name: create_metric_per_engine(
+                self._gauge_cls(name=PREFIX + name, documentation=doc, labelnames=labelnames,
+                                multiprocess_mode="mostrecent"),
+                per_engine_labelvalues)
+            for name, doc in GAUGES.items()}
+        self._totals = {idx: dict.fromkeys(COUNTERS, 0) for idx in per_engine_labelvalues}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        seen = self._totals[engine_idx]
+        for name, per_engine in self.counters.items():
+            total = transfer_stats_data.get(name, seen[name])
+            if total > seen[name]:
+                per_engine[engine_idx].inc(total - seen[name])
+                seen[name] = total
+        for name, per_engine in self.gauges.items():
+            if name in transfer_stats_data:
+                per_engine[engine_idx].set(transfer_stats_data[name])
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkCacheMetrics:
+    """The chunk cache's counters since the engine started and its current pool state."""
+
+    hit_count: int
+    miss_count: int
+    hit_tokens: int
+    miss_tokens: int
+    inflight_joins: int
+    evictions: int
+    chunk_prefills: int
+    usage_ratio: float
+    entries: int
+    pinned_entries: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over chunk occurrences (0.0 before the first chunked request)."""
+        total = self.hit_count + self.miss_count
+        return self.hit_count / total if total else 0.0
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[tuple[str, float]]) -> ChunkCacheMetrics:
+        """From (metric name, value) pairs, one per engine; counters may carry `_total`."""
+        values: dict[str, list[float]] = defaultdict(list)
+        for name, value in samples:
+            if name.startswith(PREFIX):
+                values[name.removeprefix(PREFIX).removesuffix("_total")].append(value)
+        if not values:
+            raise LookupError("no vllm:chunk_cache_* metrics: is the chunk cache enabled in this "
+                              "engine, and has it run a step since it started?")
+        total = {name: int(sum(values[name])) for name in COUNTERS}
+        usage = values["usage_ratio"]
+        return cls(hit_count=total["hits"], miss_count=total["misses"],
+                   hit_tokens=total["hit_tokens"], miss_tokens=total["miss_tokens"],
+                   inflight_joins=total["inflight_joins"], evictions=total["evictions"],
+                   chunk_prefills=total["chunk_prefills"],
+                   usage_ratio=sum(usage) / len(usage) if usage else 0.0,
+                   entries=int(sum(values["entries"])),
+                   pinned_entries=int(sum(values["pinned_entries"])))
+
+    @classmethod
+    def from_prometheus_text(cls, text: str) -> ChunkCacheMetrics:
+        """From a `/metrics` scrape of a `vllm serve` process."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return cls.from_samples((s.name, s.value) for family in text_string_to_metric_families(text)
+                                for s in family.samples if not s.name.endswith("_created"))
+
+
+def chunk_cache_metrics(llm) -> ChunkCacheMetrics:
+    """The chunk cache metrics of an offline `vllm.LLM` (created with `disable_log_stats=False`)."""
+    if not llm.llm_engine.log_stats:
+        raise ValueError("chunk cache metrics need stats logging: create the LLM with "
+                         "disable_log_stats=False")
+    return ChunkCacheMetrics.from_samples((m.name, m.value) for m in llm.get_metrics()
+                                          if hasattr(m, "value"))
