@@ -60,47 +60,10 @@ def scheduled_requests(tiny_llama_llm):
     scheduler.add_request = original
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_server(models_dir: Path, tmp_path_factory):
     """A real patched `vllm serve` process on the tiny Llama model; yields its base URL."""
-    import time
-    import urllib.request
+    from server_utils import vllm_server
 
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(models_dir / "tiny-llama"),
-           "--served-model-name", "tiny-llama", "--dtype", "float32", "--max-model-len", "4096",
-           "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
+    with vllm_server(models_dir / "tiny-llama", tmp_path_factory.mktemp("server") / "vllm-serve.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()

@@ -85,3 +85,9 @@ def test_properties_on_random_texts(pieces, delimiter):
     gaps = [text[end:start] for (_, end), (start, _) in zip(spans, spans[1:], strict=False)]
     rebuilt = p.system + "".join(g + part for g, part in zip(gaps, [*p.chunks, p.question], strict=True))
     assert rebuilt == text
+
+
+def test_lone_surrogates_are_a_clear_error():
+    with pytest.raises(ChunkPromptError, match=r"not valid Unicode: '\\ud800' at character 9"):
+        PARSER.parse("sys # # a\ud800b # # q")
+    assert PARSER.parse("plain \udfff prompt") is None  # ordinary prompts are left to vLLM

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import server_utils
 
 SYS = "You are a careful assistant."
 DOCS = ["The tea house opens at seven.", "Ferries leave hourly, except Sundays. 日本語 😀"]
@@ -15,9 +16,7 @@ PROMPT = " # # ".join([SYS, *DOCS, QUESTION])
 
 @pytest.fixture(scope="module")
 def client(tiny_llama_server):
-    import openai
-
-    return openai.OpenAI(base_url=tiny_llama_server + "/v1", api_key="none")
+    return server_utils.client(tiny_llama_server)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,16 @@ import functools
 import re
 from dataclasses import dataclass
 
+from vllm.exceptions import VLLMValidationError
 
-class ChunkPromptError(ValueError):
-    """A chunked prompt the chunk cache cannot serve (surfaced to clients as HTTP 400)."""
+
+class ChunkPromptError(VLLMValidationError):
+    """A chunked prompt the chunk cache cannot serve (surfaced to clients as HTTP 400).
+
+    A `VLLMValidationError`, so the API server answers it with its own 400 handler; a plain
+    `ValueError` raised while rendering falls through to the catch-all handler, which logs a
+    traceback and closes the client's keep-alive connection.
+    """
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class ChunkParser:
 
     Part 0 is SYSTEM, the last part is QUESTION, the parts between are chunks. Fewer than two
     delimiters: not a chunked prompt (`parse` returns None). Empty chunks are dropped. An empty
-    QUESTION raises `ChunkPromptError`.
+    QUESTION or text that is not valid Unicode (lone surrogates) raises `ChunkPromptError`.
     """
 
     def __init__(self, delimiter: str = "# #") -> None:
@@ -59,6 +66,12 @@ class ChunkParser:
             raise ChunkPromptError(
                 f"The chunked prompt has an empty question: nothing follows the last "
                 f"{self.delimiter!r} delimiter. Put the question after the last document.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ChunkPromptError(
+                f"The chunked prompt is not valid Unicode: {text[err.start]!r} at character "
+                f"{err.start} is a lone surrogate. Send UTF-8 text.") from None
         return ParsedPrompt(
             text=text,
             system_span=parts[0],

@@ -1,0 +1,79 @@
+"""A real `vllm serve` process for the tests, and what the tests read from it (every call timed out)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+TIMEOUT = 60
+"""Seconds any single client call may take: a hang fails the test instead of stalling CI."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0); yields its URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"} | (env or {})
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+           "--served-model-name", "tiny-llama", "--dtype", "float32", "--max-model-len", "4096",
+           "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def client(url: str, **kwargs):
+    """An `openai.OpenAI` client that never retries (a dropped connection is an error) or hangs."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0, **kwargs)
+
+
+def metrics(url: str):
+    """The chunk cache metrics of the server (`vllm_ascend_chunk.metrics.ChunkCacheMetrics`)."""
+    from vllm_ascend_chunk.metrics import ChunkCacheMetrics
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return ChunkCacheMetrics.from_prometheus_text(r.read().decode())
+
+
+def wait_metrics(url: str, ready: Callable[[object], bool], timeout: float = 10.0):
+    """Poll `/metrics` until `ready(metrics)` (they trail a response by an engine step); the last scrape."""
+    deadline = time.monotonic() + timeout
+    while not ready(m := metrics(url)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return m
