@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 import sys
 from dataclasses import dataclass
@@ -10,23 +9,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import hf_reference  # noqa: E402
-from make_tiny_models import synthetic_corpus  # noqa: E402
+from rag_workload import chunked as chunked  # noqa: E402  (re-exported for the tests)
+from rag_workload import document as document  # noqa: E402
 
 DELIMITER = re.compile(r"\s*# #\s*")
 SYS = "You are a careful assistant. Answer from the documents."
 UNICODE_DOC = "Les cafés naïfs de la Straße: 日本語の文書を検索 😀🚀 λόγος, мир!"
-
-
-def document(seed: int, approx_tokens: int) -> str:
-    """A deterministic document of roughly `approx_tokens` tokens (about 3 characters per token)."""
-    rng = random.Random(seed)
-    lines = synthetic_corpus(seed=1000 + seed, n_lines=max(2, approx_tokens // 4))
-    text = " ".join(rng.sample(lines, len(lines))).replace("#", "")  # no delimiters inside
-    return " ".join(text[: max(8, approx_tokens * 3)].split())
-
-
-def chunked(sys: str, docs: list[str], question: str) -> str:
-    return " # # ".join([sys, *docs, question])
 
 
 @dataclass

@@ -1,0 +1,174 @@
+"""Start a real `vllm serve` subprocess, wait for `/health`, read `/metrics`, stop it.
+
+    with VllmServer(model_dir, ["--dtype", "float32"], env={"VLLM_ENABLE_CHUNK_CACHE": "true"}) as srv:
+        srv.url            # http://127.0.0.1:PORT (the OpenAI API is under srv.url + "/v1")
+        srv.metrics()      # {"vllm:prefix_cache_hits_total": 12.0, ...}, summed over label sets
+
+The server runs in its own process group (so Ctrl-C reaches only this process, which then stops
+it); `stop()` terminates the whole group, then kills it if it does not exit in time. Servers
+still running at interpreter exit, or when this process gets SIGTERM/SIGHUP, are stopped too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_RUNNING: set[VllmServer] = set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {metric name: value summed over its label sets}."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:  # name{labels} value [timestamp]; label values may hold spaces
+            name, _, rest = line.partition("{")
+            fields = rest.rpartition("}")[2].split()
+        else:
+            name, *fields = line.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+class VllmServer:
+    """One `vllm serve MODEL ARGS...` subprocess on 127.0.0.1, its output in a log file."""
+
+    def __init__(self, model: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
+                 log_path: str | Path | None = None, port: int | None = None,
+                 start_timeout: float = 300.0) -> None:
+        self.model = str(model)
+        self.args = list(args)
+        self.env = dict(env or {})
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start_timeout = start_timeout
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
+                "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def start(self) -> VllmServer:
+        # An engine core in its own process talks to the API server; tests force it in-process.
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        env.update(self.env)
+        _install_signal_handlers()
+        with self.log_path.open("w") as out:
+            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        _RUNNING.add(self)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode} "
+                                   f"(log {self.log_path}):\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm serve did not start in {self.start_timeout:.0f} s "
+                                   f"(log {self.log_path}):\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        return parse_prometheus(self.metrics_text())
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Terminate the server's process group (API server and engine core); kill it if needed."""
+        proc, self.proc = self.proc, None
+        _RUNNING.discard(self)
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # The group may outlive its leader (an engine core still shutting down).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.stop(timeout=10.0)
+
+
+def _on_signal(signum, frame) -> None:  # SIGTERM/SIGHUP: unwind through the `finally`s
+    raise SystemExit(128 + signum)
+
+
+_handlers_installed = False
+
+
+def _install_signal_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_stop_all)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not in the main thread
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _on_signal)
