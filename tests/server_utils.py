@@ -67,8 +67,20 @@ def metrics(url: str):
     """The chunk cache metrics of the server (`vllm_ascend_chunk.metrics.ChunkCacheMetrics`)."""
     from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 
+    return ChunkCacheMetrics.from_prometheus_text(scrape(url))
+
+
+def scrape(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return ChunkCacheMetrics.from_prometheus_text(r.read().decode())
+        return r.read().decode()
+
+
+def requests_in_flight(url: str) -> int:
+    """`vllm:num_requests_running` + `vllm:num_requests_waiting` (internal chunk prefills included)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return int(sum(s.value for f in text_string_to_metric_families(scrape(url)) for s in f.samples
+                   if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")))
 
 
 def wait_metrics(url: str, ready: Callable[[object], bool], timeout: float = 10.0):

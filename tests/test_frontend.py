@@ -117,6 +117,15 @@ def test_token_id_prompt_with_explicit_spans(tiny_llama_llm, raw_tok, scheduled_
     ({"sys_len": 2, "chunk_lens": [100]}, "question would be empty"),
     ({"sys_len": 2}, "chunk_lens"),
     ([2, 3], "chunk_lens"),
+    ({"sys_len": 2, "chunk_lens": [3, -1]}, "chunk_lens"),
+    ({"sys_len": 2, "chunk_lens": [18]}, "question would be empty"),
+    ({"sys_len": 10**20, "chunk_lens": [1]}, "question would be empty"),
+    ({"sys_len": "2", "chunk_lens": [3]}, "sys_len"),
+    ({"sys_len": 2.0, "chunk_lens": [3]}, "sys_len"),
+    ({"sys_len": True, "chunk_lens": [3]}, "sys_len"),
+    ({"sys_len": 2, "chunk_lens": "3"}, "chunk_lens"),
+    ({"sys_len": 2, "chunk_lens": [3.0]}, "chunk_lens"),
+    ({"sys_len": 2, "chunk_lens": [3], "question_len": 15}, "chunk_lens"),
 ])
 def test_token_id_prompt_with_bad_spans_is_refused(tiny_llama_llm, spans, match):
     with pytest.raises(ChunkPromptError, match=match):

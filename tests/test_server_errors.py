@@ -1,0 +1,172 @@
+"""Bad input on a real `vllm serve`: each is a 400 that says what is wrong, or is served as
+documented (README "Errors and limits"), and the server answers a chunked prompt right after it
+on the same connection (the client never retries, so a dropped connection fails the test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chunk_cases as cc
+import httpx
+import pytest
+import server_utils
+
+DOCS = [cc.document(900 + i, 40) for i in range(3)]
+GOOD = cc.chunked(cc.SYS, DOCS, "Which ferry?")
+
+
+@pytest.fixture(scope="module")
+def client(tiny_llama_server):
+    return server_utils.client(tiny_llama_server)
+
+
+@pytest.fixture(scope="module")
+def raw_tok(models_dir: Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def good_answer(client):
+    return complete(client, GOOD).token_ids
+
+
+def complete(client, prompt, **kwargs):
+    extra_body = {"return_token_ids": True, "ignore_eos": True} | kwargs.pop("extra_body", {})
+    resp = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0,
+                                     extra_body=extra_body, **kwargs)
+    return resp.choices[0]
+
+
+def offline_ids(llm, prompt, max_tokens: int = 4) -> list[int]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+
+def single_token_words(raw_tok) -> list[str]:
+    """Every vocabulary entry that is a printable word of one token when tokenized alone."""
+    words = {raw_tok.decode([i]) for i in range(raw_tok.get_vocab_size())}
+    return sorted(w for w in words if w and w.strip() == w and w.isprintable() and "#" not in w
+                  and len(raw_tok.encode(w, add_special_tokens=False).ids) == 1)
+
+
+@pytest.mark.parametrize("prompt, match", [
+    ("# # # # # #", "empty question"),
+    ("# # # #", "empty question"),
+    (cc.SYS + " # # doc # # \u2028\t ", "empty question"),
+    (cc.chunked(cc.SYS, ["word " * 2500, "more " * 2500], "Too long?"), "maximum context length is 4096"),
+])
+def test_refused_prompts_are_a_400_saying_why(client, good_answer, prompt, match):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match=match):
+        complete(client, prompt)
+    assert complete(client, GOOD).token_ids == good_answer
+
+
+def test_no_system_and_no_documents_is_served(client, raw_tok, tiny_llama_llm):
+    """Only delimiters before a question: an empty SYSTEM (BOS only) and no documents."""
+    choice = complete(client, "# # # # Just the question?")
+    assert choice.prompt_token_ids == cc.expected_structure(raw_tok, "# # # # Just the question?").token_ids
+    assert choice.token_ids == offline_ids(tiny_llama_llm, "# # # # Just the question?")
+
+
+def test_thousands_of_tiny_documents(client, raw_tok, tiny_llama_llm, good_answer):
+    """3000 one-token documents (~900 distinct) in one prompt: one pool entry each, the answer of
+    the offline engine; 3000 longer documents overflow max_model_len and are refused."""
+    import openai
+
+    words = single_token_words(raw_tok)
+    assert len(words) > 500
+    prompt = cc.chunked(cc.SYS, [words[i % len(words)] for i in range(3000)], "Which word?")
+    exp = cc.expected_structure(raw_tok, prompt)
+    assert len(exp.chunk_lens) == 3000 and set(exp.chunk_lens) == {1}
+    choice = complete(client, prompt)
+    assert choice.prompt_token_ids == exp.token_ids
+    assert choice.token_ids == offline_ids(tiny_llama_llm, prompt)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        complete(client, cc.chunked(cc.SYS, [f"doc {i}" for i in range(3000)], "Which?"))
+    assert complete(client, GOOD).token_ids == good_answer
+
+
+def test_control_characters_in_documents(client, raw_tok, tiny_llama_llm):
+    """NUL, ESC and U+2028 are ordinary text; U+2028 around a delimiter is whitespace and eaten."""
+    prompt = cc.chunked(cc.SYS, ["nul\x00inside", "esc \x1b[31mred\x1b[0m", "line\u2028sep\u2028"],
+                        "\u2028Which?")
+    choice = complete(client, prompt)
+    exp = cc.expected_structure(raw_tok, prompt)
+    assert len(exp.chunk_lens) == 3 and choice.prompt_token_ids == exp.token_ids
+    assert choice.token_ids == offline_ids(tiny_llama_llm, prompt)
+
+
+@pytest.mark.parametrize("body, status, match", [
+    (b'{"model": "tiny-llama", "prompt": "sys # # \xff\xfe doc # # q?", "max_tokens": 2}', 400,
+     "error parsing the body"),
+    (b'{"model": "tiny-llama", "prompt": "sys # # \\ud800 doc # # q?", "max_tokens": 2}', 400,
+     r"not valid Unicode: '\\\\ud800' at character 8 is a lone surrogate"),
+    (b'{"model": "tiny-llama", "prompt": "sys # # doc # # q?", "max_tokens": 2', 400, "JSON decode error"),
+])
+def test_invalid_bytes_and_unicode_in_the_body(tiny_llama_server, client, good_answer, body, status, match):
+    """Raw bodies the openai client cannot send: invalid UTF-8, an escaped lone surrogate, bad JSON."""
+    import re
+
+    with httpx.Client(timeout=server_utils.TIMEOUT) as http:
+        resp = http.post(tiny_llama_server + "/v1/completions", content=body,
+                         headers={"content-type": "application/json"})
+    assert resp.status_code == status and re.search(match, resp.text), resp.text
+    assert complete(client, GOOD).token_ids == good_answer
+
+
+def test_server_ignores_chunk_spans_of_token_id_prompts(client, raw_tok, tiny_llama_llm):
+    """`chunk_spans` is an offline-API field: the server ignores it (as vLLM ignores any unknown
+    field) and serves the token ids as an ordinary prompt."""
+    exp = cc.expected_structure(raw_tok, GOOD)
+    spans = {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens}
+    for bad in [spans, {"sys_len": -1, "chunk_lens": [3]}, {"sys_len": "x"}]:
+        choice = complete(client, exp.token_ids, extra_body={"chunk_spans": bad})
+        assert choice.token_ids == offline_ids(tiny_llama_llm, {"prompt_token_ids": exp.token_ids})
+
+
+def test_client_disconnects_leave_no_pins(tiny_llama_server, client, good_answer):
+    """Streams closed after the first token and before it (while their new documents are being
+    computed): the requests are aborted, no entry stays pinned, the server keeps answering."""
+    url = tiny_llama_server
+    docs = [cc.document(950 + i, 300) for i in range(3)]
+    body = {"model": "tiny-llama", "max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=server_utils.TIMEOUT) as http:
+        with http.stream("POST", url + "/v1/completions",
+                         json=body | {"prompt": cc.chunked(cc.SYS, docs[:2], "Read one?")}) as resp:
+            assert resp.status_code == 200
+            first = next(line for line in resp.iter_lines() if line.startswith("data:"))
+            assert json.loads(first.removeprefix("data:"))["choices"]
+        with http.stream("POST", url + "/v1/completions",
+                         json=body | {"prompt": cc.chunked(cc.SYS, docs[1:], "Leave early?")}) as resp:
+            assert resp.status_code == 200
+    assert complete(client, GOOD).token_ids == good_answer
+    deadline = time.monotonic() + 5  # 3000 tokens take ~15 s: they were aborted, not finished
+    while server_utils.requests_in_flight(url) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server_utils.requests_in_flight(url) == 0
+    complete(client, GOOD)  # one more step, so the gauges are recorded after the aborts
+    assert server_utils.wait_metrics(url, lambda m: m.pinned_entries == 0).pinned_entries == 0
+
+
+def test_bad_chunk_cache_variable_stops_vllm_serve_early(models_dir: Path):
+    """A bad value fails when vLLM loads the plugin, before any engine process starts."""
+    env = {**os.environ, "VLLM_CHUNK_CACHE_LAYOUT": "bogus"}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(models_dir / "tiny-llama"),
+           "--port", str(server_utils.free_port())]
+    start = time.monotonic()
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode != 0
+    assert "VLLM_CHUNK_CACHE_LAYOUT='bogus' is invalid; accepted values: overlap, sequential" in run.stderr
+    assert "EngineCore" not in run.stdout + run.stderr
+    assert time.monotonic() - start < 90
