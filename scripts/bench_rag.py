@@ -31,6 +31,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -434,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pool-gb", type=float, default=1, help="VLLM_CHUNK_CACHE_SIZE_GB")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "rag_cpu.json")
     ap.add_argument("--plot", type=Path, help="PNG path (default: --out with .png)")
-    ap.add_argument("--log-dir", type=Path, help="server logs (default: next to --out, *.log)")
+    ap.add_argument("--log-dir", type=Path, help="server logs (default: a new temporary directory)")
     return ap
 
 
@@ -450,7 +451,7 @@ def workload_from_args(args) -> rag_workload.RagWorkload:
         corpus_size=pick(args.corpus_size, 48, 12), stream_requests=pick(args.stream_requests, 30, 8),
         docs_per_request=args.docs_per_request or (4, 5, 6, 7, 8), zipf_s=args.zipf,
         shuffled_sets=pick(args.shuffled_sets, 3, 1), shuffled_repeats=pick(args.shuffled_repeats, 4, 3),
-        warmup_requests=1 if quick else 2)
+        warmup_requests=1)
 
 
 def run_config(config: str, workload: rag_workload.RagWorkload, args, log_path: Path | None = None,
@@ -487,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model / "config.json").exists():
         raise SystemExit(f"no model at {args.model} (run scripts/setup_env.sh)")
     plot_path = args.plot or args.out.with_suffix(".png")
-    log_dir = args.log_dir or args.out.parent
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench_rag-"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     workload = workload_from_args(args)
@@ -502,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                      "requests": [asdict(r) for r in workload.requests]},
         "configs": {},
     }
-    print(f"bench_rag: {len(workload.requests)} requests per configuration, configurations {configs}",
-          flush=True)
+    print(f"bench_rag: {len(workload.requests)} requests per configuration, configurations {configs}; "
+          f"server logs in {log_dir}", flush=True)
     try:
         for config in configs:
             print(f"\n[{config}] starting vllm serve ({CONFIGS[config]['title']})", flush=True)
