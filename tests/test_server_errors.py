@@ -137,7 +137,7 @@ def test_server_ignores_chunk_spans_of_token_id_prompts(client, raw_tok, tiny_ll
 
 def test_client_disconnects_leave_no_pins(tiny_llama_server, client, good_answer):
     """Streams closed after the first token and before it (while their new documents are being
-    computed): the requests are aborted, no entry stays pinned, the server keeps answering."""
+    computed): the requests are aborted, their documents still cached, no entry stays pinned."""
     url = tiny_llama_server
     docs = [cc.document(950 + i, 300) for i in range(3)]
     body = {"model": "tiny-llama", "max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
@@ -155,8 +155,12 @@ def test_client_disconnects_leave_no_pins(tiny_llama_server, client, good_answer
     while server_utils.requests_in_flight(url) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert server_utils.requests_in_flight(url) == 0
-    complete(client, GOOD)  # one more step, so the gauges are recorded after the aborts
-    assert server_utils.wait_metrics(url, lambda m: m.pinned_entries == 0).pinned_entries == 0
+    before = server_utils.metrics(url)  # the documents' prefills finished: all three are cached
+    complete(client, cc.chunked(cc.SYS, docs, "Cached?"))
+    after = server_utils.wait_metrics(url, lambda m: m.pinned_entries == 0 and m.hit_count
+                                      + m.miss_count >= before.hit_count + before.miss_count + 3)
+    assert (after.hit_count - before.hit_count, after.miss_count - before.miss_count) == (3, 0)
+    assert after.pinned_entries == 0
 
 
 def test_bad_chunk_cache_variable_stops_vllm_serve_early(models_dir: Path):
