@@ -96,7 +96,7 @@ class VllmServer:
         try:
             self._wait_healthy()
         except BaseException:
-            self.stop()
+            self.stop(timeout=5.0)  # still starting: it may not act on SIGTERM yet
             raise
         return self
 
