@@ -87,28 +87,28 @@ def test_fixed_prompt_answers_the_same_after_the_fuzz(client, fixed_answer):
     assert answer(client, FIXED).token_ids == fixed_answer
 
 
-def test_64_concurrent_clients_share_documents_without_leaks(client, tiny_llama_server, raw_tok):
-    """Every other client streams; answers equal those given alone, all chunks hit, the pool's
-    entries and usage are what the 7 new entries hold, nothing stays pinned."""
-    url = tiny_llama_server
-    system = "You are the load test's assistant."
-    docs = [cc.document(1300 + i, 40) for i in range(6)]
-    rng = random.Random(0)
+def workload(seed: int) -> tuple[str, list[str], list[str]]:
+    """A SYSTEM, 6 new documents, 16 prompts (14 chunked in varying orders, 2 ordinary)."""
+    system = f"You are load test {seed}'s assistant."
+    docs = [cc.document(seed + i, 40) for i in range(6)]
+    rng = random.Random(seed)
     prompts = [cc.chunked(system, rng.sample(docs, rng.randint(1, 4)), f"Load question {i % 3}?")
                for i in range(14)]
-    prompts += ["An ordinary load test prompt.", "Another ordinary # # one."]
+    return system, docs, prompts + ["An ordinary load test prompt.", "Another ordinary # # one."]
 
-    before = server_utils.metrics(url)
-    alone = {p: answer(client, p).token_ids for p in prompts}
-    warm = server_utils.wait_metrics(url, lambda m: m.entries == before.entries + 7)
+
+def pool_pages(raw_tok, system: str, docs: list[str]) -> float:
+    """The fraction of the pool the entries of `system` and `docs` take (16-token pages)."""
     lens = [len(raw_tok.encode(system).ids)] + [len(raw_tok.encode(d, add_special_tokens=False).ids)
                                                  for d in docs]
-    pages = sum(-(-n // 16) for n in lens)
     num_pages = int(float(os.environ["VLLM_CHUNK_CACHE_SIZE_GB"]) * 2**30) // (1024 * 16)
-    assert warm.entries - before.entries == 7  # SYS + 6 documents
-    assert warm.usage_ratio - before.usage_ratio == pytest.approx(pages / num_pages)
+    return sum(-(-n // 16) for n in lens) / num_pages
 
-    jobs = [prompts[(7 * c + k) % len(prompts)] for c in range(64) for k in range(2)]
+
+def concurrent_clients(url: str, prompts: list[str], clients: int = 64) -> tuple[list[str], list[list[int]]]:
+    """`clients` concurrent clients ask two prompts each, one after the other (odd clients
+    stream); the prompts asked, in order, and the token ids answered."""
+    jobs = [prompts[(7 * c + k) % len(prompts)] for c in range(clients) for k in range(2)]
 
     async def run() -> list[list[int]]:
         aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=server_utils.TIMEOUT,
@@ -116,7 +116,7 @@ def test_64_concurrent_clients_share_documents_without_leaks(client, tiny_llama_
 
         async def one_client(c: int) -> list[list[int]]:
             ids = []
-            for p in jobs[2 * c:2 * c + 2]:  # each client asks twice, one after the other
+            for p in jobs[2 * c:2 * c + 2]:
                 resp = await aclient.completions.create(model="tiny-llama", prompt=p, max_tokens=4,
                                                         temperature=0, stream=c % 2 == 1,
                                                         extra_body={"return_token_ids": True})
@@ -125,10 +125,47 @@ def test_64_concurrent_clients_share_documents_without_leaks(client, tiny_llama_
             return ids
 
         async with aclient:
-            per_client = await asyncio.wait_for(asyncio.gather(*map(one_client, range(64))), 240)
+            per_client = await asyncio.wait_for(asyncio.gather(*map(one_client, range(clients))), 240)
         return [ids for pair in per_client for ids in pair]
 
-    assert asyncio.run(run()) == [alone[p] for p in jobs]
+    return jobs, asyncio.run(run())
+
+
+def test_64_concurrent_clients_on_cold_documents(tiny_llama_server, raw_tok, tiny_llama_llm):
+    """All documents new: each is computed by one chunk prefill that the other requests join;
+    answers equal the offline engine's, nothing stays pinned."""
+    from vllm import SamplingParams
+
+    url = tiny_llama_server
+    system, docs, prompts = workload(1300)
+    before = server_utils.metrics(url)
+    jobs, got = concurrent_clients(url, prompts)
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    outs = tiny_llama_llm.generate(prompts, params, use_tqdm=False)
+    offline = {p: list(o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True)}
+    assert got == [offline[p] for p in jobs]
+    occurrences = sum(len(cc.expected_structure(raw_tok, p).chunk_lens) for p in jobs)
+    after = server_utils.wait_metrics(url, lambda m: m.pinned_entries == 0 and m.hit_count + m.miss_count
+                                      == before.hit_count + before.miss_count + occurrences)
+    assert after.hit_count + after.miss_count - before.hit_count - before.miss_count == occurrences
+    assert after.chunk_prefills - before.chunk_prefills == 6  # SYS rides along with the first
+    assert (after.entries - before.entries, after.pinned_entries) == (7, 0)
+    assert after.usage_ratio - before.usage_ratio == pytest.approx(pool_pages(raw_tok, system, docs))
+
+
+def test_64_concurrent_clients_on_warm_documents(client, tiny_llama_server, raw_tok):
+    """Answers equal those given alone before; every chunk hits; the pool's entries and usage are
+    what the 7 new entries hold; nothing stays pinned."""
+    url = tiny_llama_server
+    system, docs, prompts = workload(1400)
+    before = server_utils.metrics(url)
+    alone = {p: answer(client, p).token_ids for p in prompts}
+    warm = server_utils.wait_metrics(url, lambda m: m.entries == before.entries + 7)
+    assert warm.entries - before.entries == 7  # SYS + 6 documents
+    assert warm.usage_ratio - before.usage_ratio == pytest.approx(pool_pages(raw_tok, system, docs))
+
+    jobs, got = concurrent_clients(url, prompts)
+    assert got == [alone[p] for p in jobs]
     occurrences = sum(len(cc.expected_structure(raw_tok, p).chunk_lens) for p in jobs)
     after = server_utils.wait_metrics(url, lambda m: m.hit_count - warm.hit_count >= occurrences)
     assert (after.hit_count - warm.hit_count, after.miss_count - warm.miss_count) == (occurrences, 0)
