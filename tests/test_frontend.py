@@ -126,6 +126,9 @@ def test_token_id_prompt_with_explicit_spans(tiny_llama_llm, raw_tok, scheduled_
     ({"sys_len": 2, "chunk_lens": "3"}, "chunk_lens"),
     ({"sys_len": 2, "chunk_lens": [3.0]}, "chunk_lens"),
     ({"sys_len": 2, "chunk_lens": [3], "question_len": 15}, "chunk_lens"),
+    # Spans that reach the engine input as `ChunkCacheInfo` (a question that tokenizes to nothing):
+    (ChunkCacheInfo(sys_len=5, chunk_lens=[5, 10], question_len=0), "question of the chunked prompt has no"),
+    (ChunkCacheInfo(sys_len=-5, chunk_lens=[15], question_len=10), "do not match"),
 ])
 def test_token_id_prompt_with_bad_spans_is_refused(tiny_llama_llm, spans, match):
     with pytest.raises(ChunkPromptError, match=match):

@@ -51,8 +51,12 @@ def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request) ->
     if spans is None:
         return None
     token_ids = engine_input.get("prompt_token_ids")
-    if engine_input.get("type") != "token" or token_ids is None or len(token_ids) != spans.num_tokens:
+    if (engine_input.get("type") != "token" or token_ids is None or len(token_ids) != spans.num_tokens
+            or spans.sys_len < 0 or min(spans.chunk_lens, default=0) < 0):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
+    if spans.question_len < 1:  # the scheduler needs a token to compute after the loaded chunks
+        raise ChunkPromptError("The question of the chunked prompt has no tokens (its text tokenizes "
+                               "to nothing). Put at least one token after the last delimiter.")
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     info = with_keys(spans, token_ids, identity, hash_fn())
     check_fits(info, pool_geometry(vllm_config))
