@@ -53,6 +53,18 @@ def test_a_chunk_set_larger_than_the_pool_is_a_400(client, docs):
     assert greedy_ids(client, cc.chunked(cc.SYS, docs[:2], "Two fit?"))
 
 
+def test_a_streamed_chunk_set_larger_than_the_pool_is_an_error_event(client):
+    """The pool check runs as the request enters the engine, after a stream's 200 has been sent:
+    the refusal is the stream's error event (code 400), as vLLM does for its own such checks."""
+    import openai
+
+    prompt = cc.chunked(cc.SYS, [cc.document(1000 + i, 100) for i in range(5)], "Streamed?")
+    with pytest.raises(openai.APIError, match="VLLM_CHUNK_CACHE_SIZE_GB") as err:
+        list(client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4, stream=True))
+    assert err.value.body["code"] == 400
+    assert greedy_ids(client, cc.chunked(cc.SYS, ["one", "two"], "Still serving?"))
+
+
 def test_requests_that_only_fit_one_at_a_time(small_pool_server, client, tiny_llama_llm):
     """Six concurrent requests of ~24 pages each: the pool holds one at a time, so they are
     planned one after another and evict each other; none hangs, pins or leaks."""
