@@ -3,57 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from serve_util import VllmServer  # noqa: E402
+
 TIMEOUT = 60
 """Seconds any single client call may take: a hang fails the test instead of stalling CI."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0); yields its URL."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"} | (env or {})
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
-           "--served-model-name", "tiny-llama", "--dtype", "float32", "--max-model-len", "4096",
-           "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    args = ["--served-model-name", "tiny-llama", "--dtype", "float32", "--max-model-len", "4096",
+            "--seed", "0"]
+    with VllmServer(model_dir, args, env=env, log_path=log) as server:
+        yield server.url
 
 
 def client(url: str, **kwargs):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import time
-import urllib.request
 from types import SimpleNamespace
 
 import chunk_cases as cc
 import pytest
+import server_utils
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from vllm_ascend_chunk.metrics import (
@@ -117,30 +117,21 @@ def test_offline_api_needs_stats_logging():
         chunk_cache_metrics(no_stats)
 
 
-def scrape_server(url: str) -> ChunkCacheMetrics:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return ChunkCacheMetrics.from_prometheus_text(r.read().decode())
-
-
 def test_server_metrics_endpoint(tiny_llama_server):
     """`/metrics` of a real `vllm serve` shows a cold request's misses, then a warm one's hits."""
-    import openai
-
-    client = openai.OpenAI(base_url=tiny_llama_server + "/v1", api_key="none", timeout=60)
+    client = server_utils.client(tiny_llama_server)
     docs = [cc.document(720 + i, 30) for i in range(2)]
 
     def ask(order) -> ChunkCacheMetrics:
-        before = scrape_server(tiny_llama_server)
+        before = server_utils.metrics(tiny_llama_server)
         client.completions.create(model="tiny-llama", prompt=cc.chunked(cc.SYS, order, "Why?"),
                                   max_tokens=2, temperature=0)
-        deadline = time.monotonic() + 10  # stats are recorded just after the response is sent
-        while (now := scrape_server(tiny_llama_server)).hit_count + now.miss_count \
-                < before.hit_count + before.miss_count + 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        seen = before.hit_count + before.miss_count
+        now = server_utils.wait_metrics(tiny_llama_server, lambda m: m.hit_count + m.miss_count >= seen + 2)
         return ChunkCacheMetrics(**{f.name: getattr(now, f.name) - getattr(before, f.name)
-                                    for f in ChunkCacheMetrics.__dataclass_fields__.values()})
+                                    for f in dataclasses.fields(ChunkCacheMetrics)})
 
     assert ask(docs).miss_count == 2
     delta = ask(docs[::-1])
     assert (delta.hit_count, delta.miss_count, delta.chunk_prefills) == (2, 0, 0)
-    assert scrape_server(tiny_llama_server).pinned_entries == 0
+    assert server_utils.metrics(tiny_llama_server).pinned_entries == 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -174,8 +173,7 @@ def test_client_disconnects_leave_no_pins(tiny_llama_server, client, good_answer
 def test_bad_chunk_cache_variable_stops_vllm_serve_early(models_dir: Path):
     """A bad value fails when vLLM loads the plugin, before any engine process starts."""
     env = {**os.environ, "VLLM_CHUNK_CACHE_LAYOUT": "bogus"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(models_dir / "tiny-llama"),
-           "--port", str(server_utils.free_port())]
+    cmd = server_utils.VllmServer(models_dir / "tiny-llama").command
     start = time.monotonic()
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode != 0
