@@ -454,12 +454,18 @@ def workload_from_args(args) -> rag_workload.RagWorkload:
         warmup_requests=1)
 
 
+def portable(text: str | Path) -> str:
+    """`text` with this checkout's path made relative: results name no machine's directories."""
+    return str(text).replace(f"{REPO}{os.sep}", "")
+
+
 def run_config(config: str, workload: rag_workload.RagWorkload, args, log_path: Path | None = None,
                on_sample=None) -> dict:
     """Start the configuration's server, send the workload, stop the server."""
     server = make_server(config, args, log_path)
     result: dict = {"title": CONFIGS[config]["title"], "server_env": server_env(config, args),
-                    "server_command": shlex.join(server.command[1:]), "server_log": str(server.log_path)}
+                    "server_command": portable(shlex.join(server.command[1:])),
+                    "server_log": server.log_path.name}
     t0 = time.perf_counter()
     try:
         server.start()
@@ -498,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         else shlex.join(["bench_rag.py", *argv]),
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {k: (portable(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "workload": {"description": rag_workload.build_workload.__doc__, "system": workload.system,
                      "requests": [asdict(r) for r in workload.requests]},
         "configs": {},
