@@ -29,6 +29,14 @@ def models_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def raw_tok(models_dir: Path):
+    """The tiny models' tokenizer through `tokenizers` alone: the independent tokenization."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_llm(models_dir: Path):
     """A real patched vLLM engine on the tiny Llama model (float32, greedy-friendly)."""
     from vllm import LLM
@@ -67,3 +75,11 @@ def tiny_llama_server(models_dir: Path, tmp_path_factory):
 
     with vllm_server(models_dir / "tiny-llama", tmp_path_factory.mktemp("server") / "vllm-serve.log") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def client(tiny_llama_server):
+    """An `openai` client of `tiny_llama_server` (no retries, every call timed out)."""
+    from server_utils import client
+
+    return client(tiny_llama_server)

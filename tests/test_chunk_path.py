@@ -12,13 +12,6 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def raw_tok(models_dir: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
 def hf_model(models_dir: Path):
     return cc.hf_reference.load(models_dir / "tiny-llama")
 

@@ -4,7 +4,6 @@ offline path; ordinary prompts are untouched. Expected ids come from the raw `to
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +18,6 @@ QUESTION = "When does the ferry leave?"
 
 def chunked(sys: str, docs: list[str], q: str) -> str:
     return " # # ".join([sys, *docs, q])
-
-
-@pytest.fixture(scope="module")
-def raw_tok(models_dir: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
 
 
 def expected_ids(raw_tok, sys: str, docs: list[str], q: str, bos: bool = True):

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-import server_utils
 
 SYS = "You are a careful assistant."
 DOCS = ["The tea house opens at seven.", "Ferries leave hourly, except Sundays. 日本語 😀"]
 QUESTION = "When does the ferry leave?"
 PROMPT = " # # ".join([SYS, *DOCS, QUESTION])
-
-
-@pytest.fixture(scope="module")
-def client(tiny_llama_server):
-    return server_utils.client(tiny_llama_server)
-
-
-@pytest.fixture(scope="module")
-def raw_tok(models_dir: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
 
 
 def split_ids(raw_tok, text: str, first_special: bool) -> list[int]:

@@ -21,11 +21,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def client(tiny_llama_server):
-    return server_utils.client(tiny_llama_server)
-
-
 def offline(llm, prompts, **params) -> list[list[list[int]]]:
     """Token ids of every output of every prompt, from the in-process engine."""
     from vllm import SamplingParams

@@ -20,18 +20,6 @@ GOOD = cc.chunked(cc.SYS, DOCS, "Which ferry?")
 
 
 @pytest.fixture(scope="module")
-def client(tiny_llama_server):
-    return server_utils.client(tiny_llama_server)
-
-
-@pytest.fixture(scope="module")
-def raw_tok(models_dir: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
 def good_answer(client):
     return complete(client, GOOD).token_ids
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from pathlib import Path
 
 import chunk_cases as cc
 import openai
@@ -19,18 +18,6 @@ from hypothesis import strategies as st
 from vllm_ascend_chunk.frontend.parser import ChunkParser, ChunkPromptError
 
 FIXED = cc.chunked(cc.SYS, [cc.document(1200 + i, 40) for i in range(3)], "Which ferry is fixed?")
-
-
-@pytest.fixture(scope="module")
-def client(tiny_llama_server):
-    return server_utils.client(tiny_llama_server)
-
-
-@pytest.fixture(scope="module")
-def raw_tok(models_dir: Path):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
 
 
 def answer(client, prompt: str, max_tokens: int = 4):
