@@ -145,3 +145,20 @@ def test_legacy_engine_add_request_path(tiny_llama_llm, raw_tok, scheduled_reque
     assert scheduled_requests[0].prompt_token_ids == ids
     assert isinstance(scheduled_requests[0].chunk_cache, ChunkCacheInfo)
     assert scheduled_requests[0].chunk_cache.chunk_lens == lens[1:-1]
+
+
+def test_a_document_with_no_tokens_is_dropped():
+    """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
+    from types import SimpleNamespace
+
+    from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY, tokenize_chunked
+
+    class Tokenizer:
+        def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+            return [] if text == "​" else [len(text)] * (2 if add_special_tokens else 1)
+
+    prompt = {"prompt": "sys # # doc one # # ​ # # doc two # # question"}
+    out = tokenize_chunked(Tokenizer(), prompt, SimpleNamespace(add_special_tokens=True))
+    assert out["prompt_token_ids"] == [3, 3, 7, 7, 8]
+    spans = out[SPANS_KEY]
+    assert (spans.sys_len, spans.chunk_lens, spans.question_len) == (2, [1, 1], 1)

@@ -39,7 +39,8 @@ def _pieces(parsed: ParsedPrompt, add_special_tokens: bool) -> list[tuple[str, b
 
 def _assemble(prompt: Mapping[str, Any], ids: list[list[int]]) -> dict[str, Any]:
     system, *chunks, question = ids
-    spans = ChunkCacheInfo(sys_len=len(system), chunk_lens=[len(c) for c in chunks],
+    # A document that tokenizes to nothing is dropped like an empty one (it adds no tokens).
+    spans = ChunkCacheInfo(sys_len=len(system), chunk_lens=[len(c) for c in chunks if c],
                            question_len=len(question))
     token_ids = [t for part in ids for t in part]
     return {**prompt, "prompt_token_ids": token_ids, SPANS_KEY: spans}
