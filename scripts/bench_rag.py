@@ -34,13 +34,13 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rag_workload  # noqa: E402
-from serve_util import VllmServer  # noqa: E402
+from serve_util import VllmServer, openai_client  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
@@ -125,9 +125,7 @@ def counter_delta(before: dict[str, float], after: dict[str, float], name: str) 
 def run_requests(server: VllmServer, config: str, workload: rag_workload.RagWorkload,
                  args, on_sample=None) -> list[dict]:
     """Send the workload's requests one at a time; one sample per request."""
-    import openai
-
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", max_retries=0, timeout=900)
+    client = openai_client(server.url, timeout=900)
     wait_for = (CHUNK_HITS, CHUNK_MISSES) if CONFIGS[config]["chunk_cache"] else \
         (PREFIX_QUERIES,) if CONFIGS[config]["prefix_caching"] else ()
     samples = []
@@ -153,13 +151,9 @@ def run_requests(server: VllmServer, config: str, workload: rag_workload.RagWork
 
 def run_concurrent(server: VllmServer, workload: rag_workload.RagWorkload, args) -> dict:
     """Requests/s with `args.concurrency` requests in flight (the workload's stream, new questions)."""
-    import openai
-
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", max_retries=0, timeout=900)
+    client = openai_client(server.url, timeout=900)
     reqs = [r for r in workload.requests if r.phase == "stream"]
-    prompts = [rag_workload.chunked(workload.system, [workload.doc(d) for d in r.doc_ids],
-                                    rag_workload.question(10**6 + r.question_seed, workload.question_tokens))
-               for r in reqs]
+    prompts = [workload.prompt(replace(r, question_seed=10**6 + r.question_seed)) for r in reqs]
     start = time.perf_counter()
     with ThreadPoolExecutor(args.concurrency) as pool:
         results = list(pool.map(

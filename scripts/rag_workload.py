@@ -129,7 +129,7 @@ def build_workload(*, seed: int = 0, doc_tokens: int = 512, question_tokens: int
         orders = reorderings(list(range(base, base + n)), 1 + sweep_warm_repeats, rng)
         base += n
         for r, docs in enumerate(orders):
-            add(RagRequest("sweep", docs, next(q), "warm" if r else "cold", {"n_docs": n}))
+            add(RagRequest("sweep", docs, next(q), "warm" if r else "cold"))
 
     for i in range(cold_requests):
         add(RagRequest("cold", [COLD_SEEDS + cold_docs * i + j for j in range(cold_docs)], next(q), "cold"))
@@ -141,12 +141,12 @@ def build_workload(*, seed: int = 0, doc_tokens: int = 512, question_tokens: int
         rng.shuffle(docs)
         label = "cold" if seen.isdisjoint(docs) else "warm" if seen.issuperset(docs) else ""
         seen.update(docs)
-        add(RagRequest("stream", docs, next(q), label, {"n_docs": k}))
+        add(RagRequest("stream", docs, next(q), label))
 
     sets = [reorderings([SHUFFLED_SEEDS + shuffled_docs * s + j for j in range(shuffled_docs)],
                         1 + shuffled_repeats, rng) for s in range(shuffled_sets)]
     for r in range(1 + shuffled_repeats):
         for s, orders in enumerate(sets):
             add(RagRequest("shuffled", orders[r], next(q), "warm" if r else "cold",
-                           {"set": s, "n_docs": shuffled_docs}))
+                           {"set": s}))
     return w

@@ -34,25 +34,28 @@ def free_port() -> int:
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> {metric name: value summed over its label sets}."""
+    """Prometheus text exposition -> {sample name: value summed over its label sets}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:  # name{labels} value [timestamp]; label values may hold spaces
-            name, _, rest = line.partition("{")
-            fields = rest.rpartition("}")[2].split()
-        else:
-            name, *fields = line.split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        totals[name] = totals.get(name, 0.0) + value
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     return totals
+
+
+def scrape(url: str) -> str:
+    """The `/metrics` text of the server at `url`."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def openai_client(url: str, timeout: float, **kwargs):
+    """An `openai.OpenAI` client of the server at `url` that never retries (a dropped connection
+    is an error, not a silent second request)."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=timeout, max_retries=0, **kwargs)
 
 
 class VllmServer:
@@ -118,12 +121,8 @@ class VllmServer:
                                    f"(log {self.log_path}):\n{self.log_tail()}")
             time.sleep(0.5)
 
-    def metrics_text(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            return r.read().decode()
-
     def metrics(self) -> dict[str, float]:
-        return parse_prometheus(self.metrics_text())
+        return parse_prometheus(scrape(self.url))
 
     def stop(self, timeout: float = 30.0) -> None:
         """Terminate the server's process group (API server and engine core); kill it if needed."""

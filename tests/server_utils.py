@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from serve_util import VllmServer  # noqa: E402
+from serve_util import VllmServer, openai_client, parse_prometheus, scrape  # noqa: E402
 
 TIMEOUT = 60
 """Seconds any single client call may take: a hang fails the test instead of stalling CI."""
@@ -27,9 +26,7 @@ def vllm_server(model_dir: Path, log: Path, env: dict[str, str] | None = None) -
 
 def client(url: str, **kwargs):
     """An `openai.OpenAI` client that never retries (a dropped connection is an error) or hangs."""
-    import openai
-
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0, **kwargs)
+    return openai_client(url, TIMEOUT, **kwargs)
 
 
 def metrics(url: str):
@@ -39,17 +36,10 @@ def metrics(url: str):
     return ChunkCacheMetrics.from_prometheus_text(scrape(url))
 
 
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
 def requests_in_flight(url: str) -> int:
     """`vllm:num_requests_running` + `vllm:num_requests_waiting` (internal chunk prefills included)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return int(sum(s.value for f in text_string_to_metric_families(scrape(url)) for s in f.samples
-                   if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")))
+    metrics = parse_prometheus(scrape(url))
+    return int(metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"])
 
 
 def wait_metrics(url: str, ready: Callable[[object], bool], timeout: float = 10.0):
