@@ -4,6 +4,7 @@
 plain `vllm serve MODEL` and the connector, the scheduler class and the V1 model runner are
 selected here. Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE)
 run unpatched, with a warning; settings that conflict with it are refused with a clear error.
+The decision is per engine: `is_active(vllm_config)` is what every other part asks.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ def configure(vllm_config) -> None:
         return
     if (reason := _not_applicable(vllm_config)) is not None:
         logger.warning("Chunk Cache is off for this engine: %s", reason)
-        os.environ["VLLM_ENABLE_CHUNK_CACHE"] = "false"  # processes started from here inherit it
-        get_config.cache_clear()
         return
     _refuse_conflicts(vllm_config)
 
@@ -52,6 +51,13 @@ def configure(vllm_config) -> None:
     geometry = pool_geometry(vllm_config)
     logger.info("%s; pool holds %d tokens (%d pages of %d)", get_config().describe(),
                 geometry.num_rows, geometry.num_pages, geometry.page_size)
+
+
+def is_active(vllm_config) -> bool:
+    """Whether this engine runs the chunk cache: `configure` made `ChunkCacheConnector` its KV
+    connector (never the case when the switch is off or the model is not applicable)."""
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    return get_config().enabled and kv is not None and kv.kv_connector == CONNECTOR
 
 
 def _not_applicable(vllm_config) -> str | None:
@@ -92,8 +98,7 @@ def _refuse_conflicts(vllm_config) -> None:
 
 def carve_out_pool(vllm_config, available: list[int]) -> list[int]:
     """Per-worker memory for the paged KV cache once the pool is set aside (engine core)."""
-    if not get_config().enabled or vllm_config.kv_transfer_config is None \
-            or vllm_config.kv_transfer_config.kv_connector != CONNECTOR:
+    if not is_active(vllm_config):
         return available
     pool = pool_geometry(vllm_config).num_bytes
     left = [a - pool for a in available]
