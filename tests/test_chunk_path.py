@@ -132,3 +132,30 @@ def test_aborts_leave_no_pins(tiny_llama_llm, coordinator):
     assert not coordinator.users and not coordinator.jobs
     assert all(e.resident for e in manager.entries.values())
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
+
+
+def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(tiny_llama_llm, hf_model, raw_tok,
+                                                                  coordinator):
+    """`reset_prefix_cache` (e.g. after a weight update) drops the pool: documents are computed
+    again. A reset while the chunk prefills of an aborted request still run must not hand their
+    pages to new entries: the answers after it still equal the reference."""
+    from vllm import SamplingParams
+
+    engine, manager = tiny_llama_llm.llm_engine, coordinator.manager
+    warm = cc.chunked(cc.SYS, DOCS[:2], "Before the reset?")
+    check(tiny_llama_llm, hf_model, raw_tok, [warm])
+    engine.add_request("orphan", cc.chunked(cc.SYS, [cc.document(400, 900), cc.document(401, 700)],
+                                            "Never answered?"), SamplingParams(max_tokens=4))
+    engine.step()  # its chunk prefills are running
+    engine.abort_request(["orphan"])
+    assert coordinator.jobs
+    tiny_llama_llm.reset_prefix_cache()  # False: vLLM's prefix cache keeps the orphans' blocks
+    assert manager.entries == {} and manager.used_pages > 0  # the orphans' pages stay taken
+    prefills, hits = manager.stats.chunk_prefills, manager.stats.hits
+    after = [cc.chunked(cc.SYS, DOCS[:2], "After the reset?"),
+             cc.chunked(cc.SYS, [cc.document(402, 600), DOCS[3]], "And a new one?")]
+    check(tiny_llama_llm, hf_model, raw_tok, after)
+    assert manager.stats.hits == hits, "nothing from before the reset is loaded"
+    assert manager.stats.chunk_prefills - prefills == 4  # every chunk again (SYS with the first)
+    assert not coordinator.jobs and manager.pinned_entries == 0
+    assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())

@@ -31,7 +31,8 @@ class ChunkCacheConnector(KVConnectorBase_V1):
         self.chunk_worker: ChunkCacheWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
-            self.coordinator = ChunkCacheCoordinator(geometry, block_size)
+            priority = vllm_config.scheduler_config.policy == "priority"
+            self.coordinator = ChunkCacheCoordinator(geometry, block_size, priority_order=priority)
         else:
             self.chunk_worker = ChunkCacheWorker(vllm_config, geometry)
 

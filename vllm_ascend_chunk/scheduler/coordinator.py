@@ -1,33 +1,45 @@
 """ChunkCacheCoordinator: the scheduler-side logic behind the KV connector.
 
-Life of a chunk-path request R (`SYS + C_1..C_n + Q`):
-1. `on_new_request`: R is registered; it needs a plan.
-2. `plan` (start of every `schedule()`): pin the entries of SYS and every C_i; missing ones are
-   created pending and one internal prefill job `SYS + C_i` is returned per missing chunk (the
-   scheduler adds them as requests). R waits meanwhile: `get_num_new_matched_tokens` answers
-   None ("ask again") until every entry is resident, which does not block other requests.
-3. Once resident, R is admitted with `question_start - local_hit` tokens counted as computed;
-   `update_state_after_alloc` turns them into a load (pool rows → R's slots), sent to the
-   workers by `build_connector_meta`, after which R's pins are released.
-4. Every step R computes tokens, its RoPE positions are shifted (overlap layout); in the
+Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitions:
+1. `on_new_request`: R is registered, WAITING.
+2. `plan` (start of every `schedule()`), WAITING → PLANNED: pin the entries of SYS and every C_i;
+   missing ones are created pending and one internal prefill job `SYS + C_i` is returned per
+   missing chunk (the scheduler adds them as requests). Requests are planned in the scheduler's
+   order (arrival, or priority); one the pool cannot take yet blocks only requests that would
+   need new pool pages, never those whose chunks are all known (see `plan`).
+3. While R waits, `get_num_new_matched_tokens` (side-effect free) answers None ("ask again")
+   until every entry is resident, which does not block other requests; then the number of chunk
+   tokens not in the prefix cache.
+4. `update_state_after_alloc`, PLANNED → LOADING: the chunk region becomes a load (pool rows →
+   R's slots), sent to the workers by `build_connector_meta`, LOADING → LOADED (pins released).
+   If the prefix cache already holds the whole chunk region: straight to LOADED, no load.
+5. Every step R computes tokens, its RoPE positions are shifted (overlap layout); in the
    sequential layout its chunk keys are re-rotated on load instead.
-A job's K/V are captured into its pending entries while it computes; when the job finishes,
-`request_finished` marks them resident. Preempted requests plan again.
+6. `on_preempted`, LOADED → WAITING (its blocks are gone: plan and load again);
+   `request_finished`: pins released, R forgotten. `reset`: the pool is dropped and every
+   PLANNED request is planned again (it must not load what the reset dropped).
+A job's K/V are captured into its pending entries while it computes; when the job has sampled
+its token (its whole prompt was computed), `request_finished` marks them resident.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -43,29 +55,43 @@ class ChunkJob:
     capture_rows: list[int]
     """Pool row for each prompt token (-1: not stored)."""
     entries: list[Entry]
-    parent: object
+    parent: Request
     """The user `Request` that caused the job (LoRA, salt, priority are taken from it)."""
+
+
+class UserStatus(enum.Enum):
+    """Where a chunk-path request stands with its chunks (transitions: `ChunkCacheCoordinator`)."""
+
+    WAITING = "waiting"
+    """Needs a plan; holds no pins (new, preempted after its load, or unplanned)."""
+    PLANNED = "planned"
+    """Its SYS and chunk entries are pinned; it waits until every one is resident."""
+    LOADING = "loading"
+    """Admitted this step: its load is in the step being built; pins held until it is sent."""
+    LOADED = "loaded"
+    """Its chunk region is in its own blocks (loaded, or a prefix-cache hit); no pins."""
 
 
 @dataclass
 class UserRequest:
-    """A chunk-path request: UNPLANNED → PLANNED (entries pinned) → LOADED (pins released)."""
+    """A chunk-path request and its chunk-cache state."""
 
-    request: object
+    request: Request
     info: ChunkCacheInfo
+    status: UserStatus = UserStatus.WAITING
     entries: list[Entry] | None = None
-    """Pinned SYS entry (if any) followed by one entry per chunk, while PLANNED."""
-    loaded: bool = False
-    """Its chunk region is in its own blocks (loaded, or a prefix-cache hit): no pins needed."""
-    local_hit: int = 0
-
-    @property
-    def needs_plan(self) -> bool:
-        return self.entries is None and not self.loaded
+    """Pinned SYS entry (if any) followed by one entry per chunk, while PLANNED or LOADING."""
+    counted: bool = False
+    """Its chunks have been counted in the hit/miss statistics (once per request)."""
 
     def needs(self) -> list[tuple[bytes, int]]:
         sys = [(self.info.sys_hash, self.info.sys_len)] if self.info.sys_len else []
         return sys + list(zip(self.info.chunk_hashes, self.info.chunk_lens, strict=True))
+
+    @property
+    def ready(self) -> bool:
+        """PLANNED and every entry resident: it can be admitted with its chunks loaded."""
+        return self.status is UserStatus.PLANNED and all(e.resident for e in self.entries)
 
 
 @dataclass
@@ -77,17 +103,21 @@ class _Step:
 
 
 class ChunkCacheCoordinator:
-    def __init__(self, geometry: PoolGeometry, block_size: int) -> None:
+    def __init__(self, geometry: PoolGeometry, block_size: int, priority_order: bool = False) -> None:
         config = get_config()
         self.geometry = geometry
         self.layout = config.layout
         self.block_size = block_size
+        self.priority_order = priority_order
+        """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
         self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
         self.users: dict[str, UserRequest] = {}
         self.jobs: dict[str, ChunkJob] = {}
         self._job_ids = itertools.count()
         self._job_id_prefix = f"{JOB_ID_PREFIX}{uuid.uuid4().hex[:8]}-"
         self._ended_jobs: set[str] = set()
+        self._blocked: str | None = None
+        """The request the pool could not take at the last `plan`, if any."""
         self._step = _Step()
 
     def take_job_ids_to_hide(self) -> set[str]:
@@ -98,19 +128,47 @@ class ChunkCacheCoordinator:
 
     # -- planning (called by the scheduler before each schedule) -----------------------------
     def plan(self) -> list[ChunkJob]:
-        """Plan waiting requests in arrival order; stop at the first the pool cannot take yet."""
+        """Plan WAITING requests in scheduling order and return the chunk prefills to add.
+
+        The first request the pool cannot take (all entries at once) becomes the blocked head.
+        Requests after it are planned only if they need no new pool pages (every chunk resident
+        or in flight), and such a request that still waits at the next `plan` is unplanned
+        before the head tries again, so the head sees the pool as if they had not come: it is
+        never starved by requests behind it.
+        """
+        order = self._order()
+        self._unplan_behind_blocked(order)
         jobs: list[ChunkJob] = []
-        for user in self.users.values():
-            if not user.needs_plan:
+        self._blocked = None
+        for user in order:
+            if user.status is not UserStatus.WAITING:
                 continue
             needs = user.needs()
-            acquired = self.manager.acquire(needs, chunk_keys=set(user.info.chunk_hashes))
+            if self._blocked is not None and self.manager.missing_pages(needs):
+                continue
+            acquired = self.manager.acquire(needs, chunk_keys=set(user.info.chunk_hashes),
+                                            count=not user.counted)
             if acquired is None:
-                break
-            user.entries = acquired.entries
+                self._blocked = user.request.request_id
+                continue
+            user.status, user.entries, user.counted = UserStatus.PLANNED, acquired.entries, True
             jobs += self._jobs_for(user, acquired.created)
         self.manager.stats.chunk_prefills += len(jobs)
         return jobs
+
+    def _order(self) -> list[UserRequest]:
+        users = list(self.users.values())  # arrival order
+        if self.priority_order:
+            users.sort(key=lambda u: (u.request.priority, u.request.arrival_time))
+        return users
+
+    def _unplan_behind_blocked(self, order: list[UserRequest]) -> None:
+        ids = [u.request.request_id for u in order]
+        if self._blocked not in ids:
+            return
+        for user in order[ids.index(self._blocked) + 1:]:
+            if user.status is UserStatus.PLANNED:
+                self._unplan(user)
 
     def _jobs_for(self, user: UserRequest, created: Sequence[Entry]) -> list[ChunkJob]:
         info, ids = user.info, user.request.prompt_token_ids
@@ -140,38 +198,41 @@ class ChunkCacheCoordinator:
         return entry.rows(self.manager.page_size)
 
     # -- KV-connector scheduler hooks -------------------------------------------------------
-    def on_new_request(self, request) -> None:
+    def on_new_request(self, request: Request) -> None:
         info = getattr(request, "chunk_cache", None)
         if info is not None and request.request_id not in self.jobs:
             self.users[request.request_id] = UserRequest(request=request, info=info)
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Chunk tokens to count as computed (loaded), None while R waits for its chunks.
+
+        Changes nothing: vLLM may ask again in later steps if R is not admitted.
+        """
+        user = self.users.get(request.request_id)
+        if user is None or num_computed_tokens >= user.info.question_start:
+            return 0, False  # not ours, or the prefix cache holds the whole chunk region
+        if not user.ready:
+            return None, False
+        return user.info.question_start - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         user = self.users.get(request.request_id)
         if user is None:
-            return 0, False
-        if user.loaded:  # asked again: it was preempted after its load, so it starts over
-            user.loaded = False
-        question_start = user.info.question_start
-        if num_computed_tokens >= question_start:  # the prefix cache holds the whole chunk region
-            self._done(user)
-            return 0, False
-        if user.entries is None or not all(e.resident for e in user.entries):
-            return None, False
-        user.local_hit = num_computed_tokens
-        return question_start - num_computed_tokens, False
-
-    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
-        user = self.users.get(request.request_id)
-        if user is None or num_external_tokens == 0:
             return
-        start, end = user.local_hit, user.local_hit + num_external_tokens
-        assert end == user.info.question_start, "chunk loads always end at the question"
+        if num_external_tokens == 0:  # the prefix cache held the chunk region: nothing to load
+            self._to_loaded(user)
+            return
+        assert user.ready, f"{request.request_id} admitted before its chunks were resident"
+        end = user.info.question_start
+        start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
         bs = self.block_size
         self._step.load_rows += self._source_rows(user)[start:end]
         self._step.load_slots += [block_ids[t // bs] * bs + t % bs for t in range(start, end)]
         if self.layout == "sequential":
             self._step.load_deltas += self._sequential_deltas(user.info)[start:end]
+        user.status = UserStatus.LOADING
         self._step.loaded.append(user)
 
     def position_shift(self, info: ChunkCacheInfo) -> int:
@@ -206,11 +267,17 @@ class ChunkCacheCoordinator:
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
         for user in self._step.loaded:
-            self._done(user)
+            self._to_loaded(user)
         self._step = _Step()
         return meta
 
-    def request_finished(self, request) -> None:
+    def on_preempted(self, request: Request) -> None:
+        """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""
+        user = self.users.get(request.request_id)
+        if user is not None:
+            self._unplan(user)
+
+    def request_finished(self, request: Request) -> None:
         job = self.jobs.pop(request.request_id, None)
         if job is not None:
             self._ended_jobs.add(job.request_id)
@@ -219,9 +286,10 @@ class ChunkCacheCoordinator:
         if user is not None:
             self._unplan(user)
 
-    def _job_finished(self, job: ChunkJob, request) -> None:
-        # A job that sampled its token computed (and captured) its whole prompt.
-        if request.num_computed_tokens >= len(job.token_ids):
+    def _job_finished(self, job: ChunkJob, request: Request) -> None:
+        # A job that sampled its token computed (and captured) its whole prompt, even if it was
+        # preempted (async scheduling) after its last forward was dispatched.
+        if request.num_output_tokens > 0:
             for entry in job.entries:
                 self.manager.mark_resident(entry)
             return
@@ -234,16 +302,24 @@ class ChunkCacheCoordinator:
             self.manager.discard(entry)
 
     def _unplan(self, user: UserRequest) -> None:
-        """Release the pins of a PLANNED request (it will be planned again if still waiting)."""
+        """→ WAITING: release its pins (it is planned again at the next `plan`)."""
         if user.entries is not None:
             self.manager.release(user.entries)
-            user.entries = None
+        user.status, user.entries = UserStatus.WAITING, None
 
-    def _done(self, user: UserRequest) -> None:
+    def _to_loaded(self, user: UserRequest) -> None:
         self._unplan(user)
-        user.loaded = True
+        user.status = UserStatus.LOADED
 
     def reset(self) -> bool:
+        """Drop the pool (e.g. after a weight update): no entry that exists now is ever loaded.
+
+        PLANNED requests are planned again; chunk prefills in flight finish into pages that are
+        freed when they end (`ChunkCacheManager.clear`).
+        """
+        for user in self.users.values():
+            if user.status is UserStatus.PLANNED:
+                self._unplan(user)
         dropped = self.manager.clear()
         logger.info("Chunk Cache reset: %d pool entries dropped", dropped)
         return True

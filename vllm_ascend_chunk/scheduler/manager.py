@@ -5,6 +5,10 @@ planned and become *resident* once that prefill has run; only resident, unpinned
 evicted, least recently used first, when space is needed or usage exceeds the LRU threshold.
 A request acquires all its entries at once or nothing, so requests that hold pins always
 progress and the pool never deadlocks.
+
+A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
+or still being computed keeps its pages until that ends (`dropped`), so no page is handed out
+while a prefill may still write into it or a request may still load from it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ class Entry:
     pages: list[int]
     resident: bool = False
     pins: int = 0
+    dropped: bool = False
+    """Removed from the index by a reset while pinned or pending; its pages are freed once
+    it is neither (`ChunkCacheManager.settle`)."""
 
     def rows(self, page_size: int) -> list[int]:
         """Pool rows of the entry's tokens, in token order."""
@@ -83,17 +90,34 @@ class ChunkCacheManager:
         return sum(1 for e in self.entries.values() if e.pins)
 
     # -- acquire / release -----------------------------------------------------------------
-    def acquire(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes]) -> Acquired | None:
+    def missing_pages(self, needs: Sequence[tuple[bytes, int]]) -> int:
+        """Pages that acquiring `needs` would take for keys not in the pool yet."""
+        missing = {k: n for k, n in needs if k not in self.entries}
+        return sum(self.pages_for(n) for n in missing.values())
+
+    def acquire(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes],
+                count: bool = True) -> Acquired | None:
         """Pin an entry for every (key, num_tokens); missing keys get new pending entries.
 
         Returns None, changing nothing, when the pool cannot make room right now.
-        `chunk_keys` says which keys count as chunks in the hit/miss statistics.
+        `chunk_keys` says which keys count as chunks in the hit/miss statistics (`count`: whether
+        this acquisition is counted at all; a request planned again is not).
         """
         missing = {k: n for k, n in needs if k not in self.entries}
-        if not self._make_room(sum(self.pages_for(n) for n in missing.values()),
-                               protect={k for k, _ in needs}):
+        if not self._make_room(self.missing_pages(needs), protect={k for k, _ in needs}):
             return None
         created = [self._create(k, n) for k, n in missing.items()]
+        if count:
+            self._count(needs, chunk_keys, created)
+        entries = [self.entries[k] for k, _ in needs]
+        for entry in {id(e): e for e in entries}.values():
+            entry.pins += 1
+            self.entries.move_to_end(entry.key)
+        self._evict_over_threshold()
+        return Acquired(entries=entries, created=created)
+
+    def _count(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes],
+               created: Sequence[Entry]) -> None:
         for key, num_tokens in needs:
             if key not in chunk_keys:
                 continue
@@ -105,33 +129,41 @@ class ChunkCacheManager:
                 self.stats.misses += 1
                 self.stats.miss_tokens += num_tokens
                 self.stats.inflight_joins += entry not in created
-        entries = [self.entries[k] for k, _ in needs]
-        for entry in {id(e): e for e in entries}.values():
-            entry.pins += 1
-            self.entries.move_to_end(entry.key)
-        self._evict_over_threshold()
-        return Acquired(entries=entries, created=created)
 
     def release(self, entries: Iterable[Entry]) -> None:
         for entry in {id(e): e for e in entries}.values():
             assert entry.pins > 0, f"entry {entry.key.hex()[:12]} released more often than pinned"
             entry.pins -= 1
+            self.settle(entry)
         self._evict_over_threshold()
 
     def mark_resident(self, entry: Entry) -> None:
+        """The prefill of a pending entry completed: its rows hold the entry's K/V."""
         entry.resident = True
+        self.settle(entry)
 
     def discard(self, entry: Entry) -> None:
-        """Forget a pending entry whose prefill did not complete (its pins go with it)."""
+        """Forget a pending entry whose prefill did not complete (callers release its pins first)."""
+        assert not entry.resident and not entry.pins, "only unpinned pending entries are discarded"
         if self.entries.get(entry.key) is entry:
             self._free(entry)
+        elif entry.dropped:
+            self._reclaim(entry)
 
     def clear(self) -> int:
-        """Drop every unpinned entry (a cache reset); returns how many were dropped."""
-        victims = [e for e in self.entries.values() if not e.pins]
-        for entry in victims:
-            self._free(entry)
-        return len(victims)
+        """Drop every entry (a cache reset): from now on every key misses. Pages of an entry still
+        pinned or pending stay taken until it settles. Returns how many entries were dropped."""
+        entries = list(self.entries.values())
+        self.entries.clear()
+        for entry in entries:
+            entry.dropped = True
+            self.settle(entry)
+        return len(entries)
+
+    def settle(self, entry: Entry) -> None:
+        """Free the pages of a dropped entry nobody can read or write any more."""
+        if entry.dropped and entry.resident and not entry.pins:
+            self._reclaim(entry)
 
     # -- mechanics -------------------------------------------------------------------------
     def _create(self, key: bytes, num_tokens: int) -> Entry:
@@ -142,6 +174,11 @@ class ChunkCacheManager:
     def _free(self, entry: Entry) -> None:
         del self.entries[entry.key]
         self.free_pages.extend(reversed(entry.pages))
+
+    def _reclaim(self, entry: Entry) -> None:
+        """Give back the pages of a dropped entry (once: its page list is emptied)."""
+        self.free_pages.extend(reversed(entry.pages))
+        entry.pages = []
 
     def _evictable(self, protect: set[bytes] = frozenset()) -> Iterable[Entry]:
         return [e for e in self.entries.values() if e.resident and not e.pins and e.key not in protect]

@@ -50,6 +50,19 @@ class _ChunkCacheSchedulerMixin:
                 eco.finished_requests -= hidden
         return outputs
 
+    def _preempt_request(self, request: Request, timestamp: float) -> None:
+        super()._preempt_request(request, timestamp)
+        self.chunk_cache.on_preempted(request)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        """vLLM's reset; the chunk pool is always dropped with it (stale document KV, e.g. after
+        a weight update, must never be loaded), not only when `reset_connector` is asked."""
+        reset = super().reset_prefix_cache(reset_running_requests, reset_connector)
+        if not reset_connector:
+            self.chunk_cache.reset()
+        return reset
+
     def make_stats(self, *args, **kwargs):
         """vLLM's stats plus the chunk cache payload, in the slot vLLM keeps for connector stats."""
         stats = super().make_stats(*args, **kwargs)
