@@ -82,10 +82,9 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
             preempted.append(request.request_id)
         last_piece = [scheduler.requests[r] for r in out.num_scheduled_tokens
                       if r in coordinator.jobs and not scheduler.requests[r].is_prefill_chunk]
-        if len(in_flight) == 2 or not out.num_scheduled_tokens:
-            if in_flight:
-                for eco in scheduler.update_from_output(*in_flight.popleft()).values():
-                    finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
+        if len(in_flight) == 2 or not out.num_scheduled_tokens:  # the output of one step back
+            for eco in scheduler.update_from_output(*in_flight.popleft()).values():
+                finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
         if "user" in finished:
             break
     stats = coordinator.manager.stats
