@@ -112,6 +112,24 @@ def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
         assert state["users"] == 0 and state["jobs"] == 0
 
 
+def test_a_request_the_pool_cannot_take_yet_does_not_hold_up_a_cached_one(models_dir: Path):
+    """Head-of-line: B needs more pool than is free while A's documents are computed, so B waits;
+    C, behind B, has every document cached and is served from the pool at once (before the fix
+    it waited behind B, whose documents then evicted C's, and C computed its document again)."""
+    docs = [cc.document(80 + i, 100) for i in range(6)]  # ~110 tokens: 7 of the 32 pool pages
+    cached = cc.chunked(cc.SYS, [docs[0]], "First question?")  # SYS (3 pages) + 7 pages
+    a = cc.chunked(cc.SYS, docs[1:3], "What do A's documents say?")  # 14 new pages: 8 left
+    b = cc.chunked(cc.SYS, docs[3:6], "And B's?")  # 21 new pages: only 8 free + 7 evictable
+    c = cc.chunked(cc.SYS, [docs[0]], "Second question?")
+    rounds = [{"prompts": [cached]}, {"prompts": [a, b, c], "batch": True}]
+    result = run_engine(models_dir / "tiny-llama", rounds, {"max_model_len": 700}, SMALL)
+    model, raw_tok = tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, [a, b, c], result["rounds"][1], 8, "blocked head")
+    before, after = result["states"]
+    assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (1, 5)
+    assert after["pinned_entries"] == 0 and after["users"] == 0 and after["jobs"] == 0
+
+
 def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path):
     """Short chunked prompts with long generations in a 6-block KV cache: several are admitted at
     once, their decodes outgrow the cache, and vLLM preempts some; they plan and load again."""
