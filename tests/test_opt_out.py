@@ -122,3 +122,15 @@ def test_offline_bad_opt_out_value(tiny_llama_llm):
     with pytest.raises(ChunkPromptError, match="chunk_cache"):
         tiny_llama_llm.generate([TEXT], SamplingParams(max_tokens=1, extra_args={"chunk_cache": "maybe"}),
                                 use_tqdm=False)
+
+
+def test_legacy_engine_add_request_opt_out(tiny_llama_llm, raw_tok, scheduled_requests):
+    """`LLMEngine.add_request` with a raw text prompt tokenizes inside `process_inputs`."""
+    from vllm import SamplingParams
+
+    engine = tiny_llama_llm.llm_engine
+    engine.add_request("legacy-off", TEXT, SamplingParams(max_tokens=1, extra_args={"chunk_cache": False}))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert scheduled_requests[0].prompt_token_ids == raw_tok.encode(TEXT).ids
+    assert scheduled_requests[0].chunk_cache is None
