@@ -151,6 +151,7 @@ def test_a_document_with_no_tokens_is_dropped():
     """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
     from types import SimpleNamespace
 
+    from vllm_ascend_chunk.engine_config import CONNECTOR
     from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY, tokenize_chunked
 
     class Tokenizer:
@@ -158,7 +159,48 @@ def test_a_document_with_no_tokens_is_dropped():
             return [] if text == "​" else [len(text)] * (2 if add_special_tokens else 1)
 
     prompt = {"prompt": "sys # # doc one # # ​ # # doc two # # question"}
-    out = tokenize_chunked(Tokenizer(), prompt, SimpleNamespace(add_special_tokens=True))
+    engine = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector=CONNECTOR))
+    out = tokenize_chunked(Tokenizer(), prompt, SimpleNamespace(add_special_tokens=True), engine)
     assert out["prompt_token_ids"] == [3, 3, 7, 7, 8]
     spans = out[SPANS_KEY]
     assert (spans.sys_len, spans.chunk_lens, spans.question_len) == (2, [1, 1], 1)
+
+
+def test_prompt_logprobs_of_chunked_prompts_are_refused(tiny_llama_llm, raw_tok):
+    """The documents' rows are loaded from the pool, never computed: no prompt logprobs for them.
+    Refused in the frontend, for a text prompt and for token ids with explicit spans."""
+    from vllm import SamplingParams
+
+    ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
+    with_spans = {"prompt_token_ids": ids, "chunk_spans": {"sys_len": lens[0], "chunk_lens": lens[1:-1]}}
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+    for prompt in [chunked(SYS, DOCS, QUESTION), with_spans]:
+        with pytest.raises(ChunkPromptError, match=r"`prompt_logprobs`.*chunk_cache"):
+            tiny_llama_llm.generate([prompt], params, use_tqdm=False)
+    assert tiny_llama_llm.generate(["still serving"], greedy(1))[0].outputs[0].token_ids
+
+
+def test_engine_core_serves_prompt_logprobs_of_a_chunked_request_in_full(tiny_llama_llm, raw_tok,
+                                                                        scheduled_requests):
+    """A chunked request with prompt logprobs that reaches the engine core by another way than the
+    frontend is served as an ordinary prompt: every row computed, the engine keeps running."""
+    from vllm import SamplingParams
+
+    engine = tiny_llama_llm.llm_engine
+    prompt = tiny_llama_llm._preprocess_cmpl_one(chunked(SYS, DOCS, "Which guard?"))
+    request = engine.input_processor.process_inputs("guard-1", prompt, greedy(1),
+                                                    engine.get_supported_tasks())
+    assert request.chunk_cache is not None
+    request.sampling_params.prompt_logprobs = 1
+    engine.add_request(request.request_id, request, request.sampling_params)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [o for o in engine.step() if o.finished]
+    assert scheduled_requests[0].chunk_cache is None
+    plain = tiny_llama_llm.generate({"prompt_token_ids": request.prompt_token_ids},
+                                    SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1))[0]
+    assert rounded(outputs[0].prompt_logprobs) == rounded(plain.prompt_logprobs)
+
+
+def rounded(prompt_logprobs) -> list[dict[int, float] | None]:
+    return [None if d is None else {t: round(lp.logprob, 4) for t, lp in d.items()} for d in prompt_logprobs]

@@ -168,3 +168,31 @@ def test_bad_chunk_cache_variable_stops_vllm_serve_early(models_dir: Path):
     assert "VLLM_CHUNK_CACHE_LAYOUT='bogus' is invalid; accepted values: overlap, sequential" in run.stderr
     assert "EngineCore" not in run.stdout + run.stderr
     assert time.monotonic() - start < 90
+
+
+CHUNKED_QUESTION = "Sys # # The river rose in spring. # # Beta doc # # What moved?"
+CHAT = [{"role": "user", "content": CHUNKED_QUESTION}]
+
+
+@pytest.mark.parametrize("path, body, option", [
+    ("/v1/completions", {"prompt": CHUNKED_QUESTION, "echo": True, "logprobs": 1}, "`echo` with `logprobs`"),
+    ("/v1/completions", {"prompt": CHUNKED_QUESTION, "prompt_logprobs": 1}, "`prompt_logprobs`"),
+    ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 2}, "`prompt_logprobs`"),
+    ("/v1/chat/completions", {"messages": CHAT, "echo": True, "logprobs": True, "top_logprobs": 1},
+     "`echo` with `logprobs`"),
+], ids=["completions echo+logprobs", "completions prompt_logprobs", "chat prompt_logprobs",
+        "chat echo+logprobs"])
+def test_prompt_logprobs_of_a_chunked_prompt_are_a_400(tiny_llama_server, good_answer, path, body, option):
+    """The documents' rows are loaded, never computed: a 400 naming the option and the opt-out,
+    and the server answers a good request next on the same connection."""
+    good = {"model": "tiny-llama", "prompt": GOOD, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    with httpx.Client(timeout=server_utils.TIMEOUT) as http:
+        resp = http.post(tiny_llama_server + path, json={"model": "tiny-llama", "max_tokens": 4} | body)
+        assert resp.status_code == 400, resp.text
+        message = resp.json()["error"]["message"]
+        assert option in message and '"chunk_cache": false' in message, message
+        assert resp.headers.get("connection") != "close"
+        after = http.post(tiny_llama_server + "/v1/completions", json=good)
+    assert after.status_code == 200, after.text
+    assert after.json()["choices"][0]["token_ids"] == good_answer

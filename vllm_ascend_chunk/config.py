@@ -18,8 +18,8 @@ import math
 import os
 from collections.abc import Mapping
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
 """Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
 LAYOUTS = ("overlap", "sequential")
@@ -80,12 +80,16 @@ def _error(name: str, value: str, accepted: str) -> ChunkCacheConfigError:
     return ChunkCacheConfigError(f"{name}={value!r} is invalid; accepted values: {accepted}")
 
 
+def bool_word(value: str) -> bool | None:
+    """True or False for a switch word of `TRUE_WORDS` / `FALSE_WORDS` (any case), else None."""
+    word = value.strip().lower()
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
+
+
 def _parse_bool(name: str, value: str) -> bool:
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise _error(name, value, "/".join(_TRUE) + " or " + "/".join(_FALSE))
+    if (parsed := bool_word(value)) is None:
+        raise _error(name, value, "/".join(TRUE_WORDS) + " or " + "/".join(FALSE_WORDS))
+    return parsed
 
 
 def _parse_float(name: str, value: str, ok, accepted: str) -> float:

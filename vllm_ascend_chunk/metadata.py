@@ -6,7 +6,11 @@ Only lengths and keys travel: the token ids are already on the request
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
+
+logger = logging.getLogger("vllm.chunk_cache")
 
 
 class ChunkCacheInfo(msgspec.Struct, array_like=True, frozen=True, omit_defaults=True):
@@ -43,3 +47,16 @@ class ChunkCacheInfo(msgspec.Struct, array_like=True, frozen=True, omit_defaults
         """Token offsets `[start, end)` of chunk `i` within the request."""
         start = self.sys_len + sum(self.chunk_lens[:i])
         return start, start + self.chunk_lens[i]
+
+
+def servable(info: ChunkCacheInfo | None, sampling_params) -> ChunkCacheInfo | None:
+    """The chunk structure the engine core serves a request with (patch `vllm.v1.request`).
+
+    Prompt logprobs need every prompt row computed, and loaded chunks never are: a chunked
+    request that asks for them (the frontend refuses it; this guards other ways into the engine
+    core) is served as an ordinary prompt instead of leaving rows uninitialised.
+    """
+    if info is None or getattr(sampling_params, "prompt_logprobs", None) is None:
+        return info
+    logger.warning("A chunked request asks for prompt logprobs: served as an ordinary prompt")
+    return None

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from vllm_ascend_chunk.config import HASH_ALGORITHMS, get_config
+from vllm_ascend_chunk.engine_config import is_active
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
 from vllm_ascend_chunk.geometry import PoolGeometry, pool_geometry
@@ -45,11 +46,21 @@ def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
             cache_salt)
 
 
-def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request) -> ChunkCacheInfo | None:
+PROMPT_LOGPROBS_REFUSED = (
+    "Prompt logprobs (`prompt_logprobs`, or `echo` with `logprobs`) are not available for a chunked "
+    "prompt: the KV of its documents is loaded from the chunk cache, not computed by this request. "
+    'To get them, send the request with the chunk cache off for it: "vllm_xargs": {"chunk_cache": '
+    'false} (offline: SamplingParams(extra_args={"chunk_cache": False})).')
+
+
+def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
+                     params=None) -> ChunkCacheInfo | None:
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
     spans = engine_input.get(SPANS_KEY)
-    if spans is None:
+    if spans is None or not is_active(vllm_config):
         return None
+    if getattr(params, "prompt_logprobs", None) is not None:
+        raise ChunkPromptError(PROMPT_LOGPROBS_REFUSED)
     token_ids = engine_input.get("prompt_token_ids")
     if (engine_input.get("type") != "token" or token_ids is None or len(token_ids) != spans.num_tokens
             or spans.sys_len < 0 or min(spans.chunk_lens, default=0) < 0):

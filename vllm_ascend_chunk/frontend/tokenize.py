@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.engine_config import is_active
+from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError, ParsedPrompt, parser_for
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 
@@ -24,11 +26,15 @@ SPANS_KEY = "chunk_spans"
 """Key of the chunk structure in vLLM's prompt dicts (`TokensPrompt`, engine inputs)."""
 
 
-def _parse(prompt: Mapping[str, Any]) -> ParsedPrompt | None:
-    config = get_config()
-    if not config.enabled or prompt.get("multi_modal_data"):
+def chunking(vllm_config, params) -> bool:
+    """Whether this engine runs the chunk cache and this request (`TokenizeParams`) did not opt out."""
+    return is_active(vllm_config) and opt_out.requested(params)
+
+
+def _parse(prompt: Mapping[str, Any], params, vllm_config) -> ParsedPrompt | None:
+    if not chunking(vllm_config, params) or prompt.get("multi_modal_data"):
         return None
-    return parser_for(config.delimiter).parse(prompt["prompt"])
+    return parser_for(get_config().delimiter).parse(prompt["prompt"])
 
 
 def _pieces(parsed: ParsedPrompt, add_special_tokens: bool) -> list[tuple[str, bool]]:
@@ -46,19 +52,20 @@ def _assemble(prompt: Mapping[str, Any], ids: list[list[int]]) -> dict[str, Any]
     return {**prompt, "prompt_token_ids": token_ids, SPANS_KEY: spans}
 
 
-def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params) -> dict[str, Any] | None:
+def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params,
+                     vllm_config) -> dict[str, Any] | None:
     """The `TokensPrompt` of a chunked text prompt, or None for an ordinary prompt."""
-    parsed = _parse(prompt)
+    parsed = _parse(prompt, params, vllm_config)
     if parsed is None:
         return None
     pieces = _pieces(parsed, params.add_special_tokens)
     return _assemble(prompt, [tokenizer.encode(t, add_special_tokens=s) for t, s in pieces])
 
 
-async def tokenize_chunked_async(async_tokenizer, prompt: Mapping[str, Any],
-                                 params) -> dict[str, Any] | None:
+async def tokenize_chunked_async(async_tokenizer, prompt: Mapping[str, Any], params,
+                                 vllm_config) -> dict[str, Any] | None:
     """`tokenize_chunked` through vLLM's micro-batching async tokenizer."""
-    parsed = _parse(prompt)
+    parsed = _parse(prompt, params, vllm_config)
     if parsed is None:
         return None
     encode: Callable[..., Awaitable[list[int]]] = async_tokenizer.encode
@@ -67,16 +74,17 @@ async def tokenize_chunked_async(async_tokenizer, prompt: Mapping[str, Any],
     return _assemble(prompt, list(ids))
 
 
-def check_spans(prompt: dict[str, Any], params) -> dict[str, Any]:
+def check_spans(prompt: dict[str, Any], params, vllm_config) -> dict[str, Any]:
     """After vLLM's post-tokenization: validate the spans against the final token ids.
 
     Normalizes an explicit `chunk_spans` dict of a token-id prompt into `ChunkCacheInfo`, and
-    refuses truncation or padding that would cut into (or shift) the chunks.
+    refuses truncation or padding that would cut into (or shift) the chunks. Explicit spans are
+    dropped where the engine does not run the chunk cache or the request opted out.
     """
     spans = prompt.get(SPANS_KEY)
     if spans is None:
         return prompt
-    if not get_config().enabled:
+    if not chunking(vllm_config, params):
         prompt.pop(SPANS_KEY)
         return prompt
     if "prompt_token_ids" not in prompt or "prompt_embeds" in prompt or prompt.get("multi_modal_data"):
