@@ -105,6 +105,18 @@ def test_chunk_blocks_never_serve_ordinary_requests(tiny_llama_llm, hf_model, ra
     assert list(out.outputs[0].token_ids) == causal.tokens
 
 
+def test_no_cache_salt_reaches_chunk_blocks(tiny_llama_llm, hf_model, raw_tok):
+    """A salt spelling the chunk namespace as the old string marker did gets no chunk-path block."""
+    prompt = cc.chunked(cc.SYS, [DOCS[4], DOCS[6]], "Salted or chunked?")
+    exp = cc.expected_structure(raw_tok, prompt)
+    generate(tiny_llama_llm, [prompt])
+    salt = f"chunk-cache:overlap:{exp.sys_len}:{','.join(map(str, exp.chunk_lens))}"
+    out = generate(tiny_llama_llm, [{"prompt_token_ids": exp.token_ids, "cache_salt": salt}])[0]
+    assert out.num_cached_tokens == 0
+    assert list(out.outputs[0].token_ids) == cc.hf_reference.greedy(hf_model, exp.token_ids,
+                                                                     MAX_TOKENS).tokens
+
+
 def test_prefix_caching_still_hits_for_ordinary_prompts(tiny_llama_llm):
     prompt = "An ordinary prompt. " + cc.document(7, 400)
     first, second = (generate(tiny_llama_llm, [prompt])[0] for _ in range(2))

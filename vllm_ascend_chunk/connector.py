@@ -4,6 +4,10 @@ vLLM builds one instance per role. The scheduler role defers chunk-path requests
 chunks are in the pool, then reports their chunk region as externally computed and emits the
 loads; the worker role owns the pool and executes each step's operations. The connector is
 configured automatically (`engine_config.configure`); users never pass `--kv-transfer-config`.
+
+It declares `SupportsHMA` so that vLLM keeps its hybrid KV cache manager on: the chunk cache is
+only configured for models whose layers form a single full-attention KV cache group
+(`engine_config`), where the hybrid manager behaves as the single-group one.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from vllm_ascend_chunk.geometry import pool_geometry
@@ -23,14 +28,14 @@ from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
 
-class ChunkCacheConnector(KVConnectorBase_V1):
+class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         geometry = pool_geometry(vllm_config)
         self.coordinator: ChunkCacheCoordinator | None = None
         self.chunk_worker: ChunkCacheWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+            block_size = _single_group(kv_cache_config).kv_cache_spec.block_size
             priority = vllm_config.scheduler_config.policy == "priority"
             self.coordinator = ChunkCacheCoordinator(geometry, block_size, priority_order=priority)
         else:
@@ -52,6 +57,11 @@ class ChunkCacheConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self.coordinator.request_finished(request)
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        """`request_finished` for the hybrid manager: one group, blocks freed by vLLM at once."""
+        return self.request_finished(request, block_ids[0])
 
     def reset_cache(self) -> bool | None:
         return self.coordinator.reset()
@@ -83,3 +93,12 @@ class ChunkCacheConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         self.chunk_worker.end_step()
+
+
+def _single_group(kv_cache_config):
+    """The one KV cache group the chunk cache works on (a model giving several is not served)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"Chunk Cache needs the model's KV cache in one group, got {len(groups)}. "
+                         "Set VLLM_ENABLE_CHUNK_CACHE=false to serve this model.")
+    return groups[0]

@@ -2,8 +2,9 @@
 
 `configure` runs at the end of vLLM's config post-init (patch `vllm.config.vllm`): users start
 plain `vllm serve MODEL` and the connector, the scheduler class and the V1 model runner are
-selected here. Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE)
-run unpatched, with a warning; settings that conflict with it are refused with a clear error.
+selected here. Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE,
+and models whose KV cache is not one group of full-attention layers: Mamba, hybrid,
+sliding-window) run unpatched, with a warning; settings that conflict with it are refused with a clear error.
 The decision is per engine: `is_active(vllm_config)` is what every other part asks.
 """
 
@@ -68,6 +69,35 @@ def _not_applicable(vllm_config) -> str | None:
         return "encoder-decoder model"
     if model.uses_mrope or getattr(model, "uses_xdrope_dim", 0):
         return "multi-dimensional RoPE (M-RoPE / XD-RoPE)"
+    return _not_single_kv_group(model)
+
+
+# What `layer_types` may name for a layer whose KV is plain full attention.
+_FULL_ATTENTION_LAYERS = frozenset({"full_attention", "attention"})
+
+
+def _not_single_kv_group(model) -> str | None:
+    """Why the model's layers are not all full attention with one KV spec, or None.
+
+    The pool holds one K/V row per token for every attention layer, and the connector works on
+    a single KV cache group: models whose KV cache the hybrid manager would split into several
+    groups (Mamba or linear-attention layers, sliding windows, chunked local attention, layers
+    with their own head counts) are not applicable.
+    """
+    if model.is_attention_free:
+        return "attention-free model (no KV cache)"
+    if model.is_hybrid:
+        return "hybrid model (attention mixed with Mamba or linear-attention layers)"
+    if model.has_noops:
+        return "model with attention-free layers (per-layer KV geometry)"
+    if model.get_sliding_window() is not None:
+        return "sliding-window attention"
+    if model.attention_chunk_size is not None:
+        return "chunked local attention"
+    other = sorted(set(getattr(model.hf_text_config, "layer_types", None) or ())
+                   - _FULL_ATTENTION_LAYERS)
+    if other:
+        return f"layer types {other} (only full-attention layers)"
     return None
 
 
@@ -75,13 +105,13 @@ def _refuse_conflicts(vllm_config) -> None:
     problems = []
     if vllm_config.speculative_config is not None:
         problems.append("speculative decoding")
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        problems.append("pipeline parallelism")
     parallel = vllm_config.parallel_config
+    if parallel.pipeline_parallel_size > 1:
+        problems.append("pipeline parallelism")
     if parallel.prefill_context_parallel_size > 1 or parallel.decode_context_parallel_size > 1:
         problems.append("context parallelism")  # per-step positions/slots are not split per rank
-    if vllm_config.model_config.get_sliding_window() is not None:
-        problems.append("sliding-window attention")
+    if parallel.use_ubatching:
+        problems.append("dual-batch overlap (micro-batching)")  # capture indices span the batch
     if vllm_config.model_config.use_mla:
         problems.append("MLA attention")  # latent KV is never captured by the attention hook
     kv = vllm_config.kv_transfer_config

@@ -58,6 +58,8 @@ def pool_geometry(vllm_config) -> PoolGeometry:
     heads = model.get_num_kv_heads(parallel)
     head_size = model.get_head_size()
     dtype = kv_dtype(vllm_config)
+    if layers == 0:  # `engine_config` turns the chunk cache off for such models first
+        raise ValueError("Chunk Cache needs attention layers; this model has none.")
     per_token = layers * 2 * heads * head_size * dtype.itemsize
     num_pages = int(get_config().size_gb * 2**30) // (per_token * PAGE_SIZE)
     return PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype,
