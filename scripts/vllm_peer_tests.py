@@ -240,8 +240,9 @@ def mode_env(mode: str, tools: Path, shadow: Path | None, offline: bool) -> dict
 def check_imports(python: str, env: dict, mode: str) -> None:
     """The mode's interpreter imports the vLLM it should: the shadow's unpatched, else patched."""
     code = "import inspect, vllm.v1.request as r; print('chunk_cache' in inspect.getsource(r))"
-    patched = subprocess.run([python, "-c", code], env=env, check=True, capture_output=True,
-                             text=True).stdout.strip() == "True"
+    out = subprocess.run([python, "-c", code], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    patched = out.split()[-1] == "True"  # vLLM may log to stdout first
     if patched == (mode == "pristine"):
         raise RuntimeError(f"mode {mode}: imports a {'patched' if patched else 'pristine'} vLLM")
 
@@ -252,10 +253,11 @@ def run_all(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         shadow = pristine_shadow(args.python, Path(tmp)) if "pristine" in args.modes else None
-        for mode in args.modes:
-            env = mode_env(mode, tools, shadow, not args.online)
+        envs = {mode: mode_env(mode, tools, shadow, not args.online) for mode in args.modes}
+        for mode, env in envs.items():
             check_imports(args.python, env, mode)
-            for group in args.groups:
+        for group in args.groups:  # every mode of a group before the next: partial runs compare
+            for mode, env in envs.items():
                 junit, log = args.out / f"{mode}-{group}.xml", args.out / f"{mode}-{group}.log"
                 rc = run_group(args.python, root, GROUPS[group], env, junit, log, args.timeout)
                 print(f"{mode:9s} {group:13s} exit {rc}  ({log})", flush=True)
