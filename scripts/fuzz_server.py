@@ -70,6 +70,7 @@ class FuzzSettings:
     prompt_logprobs: bool = True
     max_deaths: int = 3
     ignore: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
     only: list[int] | None = None
 
     @property
@@ -255,11 +256,12 @@ def logprob_options(rng: random.Random, body: dict, chat: bool, prompt_logprobs:
         body["prompt_logprobs"] = rng.choice([0, 1, 3, -1])
     if rng.random() < 0.05:
         body["return_tokens_as_token_ids"] = True
-    if not prompt_logprobs:
+    if not prompt_logprobs:  # chat's echo asks for prompt logprobs (top_logprobs, default 0)
         body.pop("prompt_logprobs", None)
-        if body.get("echo"):
+        if chat:
+            body.pop("echo", None)
+        elif body.get("echo"):
             body.pop("logprobs", None)
-            body.pop("top_logprobs", None)
 
 
 def other_options(rng: random.Random, body: dict, settings: FuzzSettings) -> None:
@@ -285,6 +287,8 @@ def make_case(settings: FuzzSettings, docs: list[str], index: int) -> Case:
     sampling_options(rng, body)
     logprob_options(rng, body, chat, settings.prompt_logprobs)
     other_options(rng, body, settings)
+    for key in settings.skip:
+        body.pop(key, None)
     disconnect = None
     if rng.random() < 0.3:
         body["stream"] = True
@@ -629,10 +633,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzS
     p.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default=d.scheduling_policy,
                    help="with fcfs, a request's nonzero priority is a 400")
     p.add_argument("--no-prompt-logprobs", action="store_true",
-                   help="ask for no prompt logprobs: no prompt_logprobs, no echo with logprobs")
+                   help="ask for no prompt logprobs: no prompt_logprobs, no chat echo, no completion "
+                   "echo with logprobs")
     p.add_argument("--ignore", type=lambda s: tuple(s.split(",")), default=(),
                    help="failure kinds (comma-separated) listed but not failing the run: "
                    + ", ".join(FAILURE_KINDS))
+    p.add_argument("--skip", type=lambda s: tuple(s.split(",")), default=(),
+                   help="request options (comma-separated body keys, e.g. seed) never sent; the "
+                   "cases are otherwise the same")
     p.add_argument("--max-deaths", type=int, default=d.max_deaths, help="server restarts before giving up")
     p.add_argument("--only", type=lambda s: [int(i) for i in s.split(",")], default=None,
                    help="only these case indices (comma-separated), to reproduce a failure")
@@ -648,7 +656,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzS
                             timeout=args.timeout, max_model_len=args.max_model_len,
                             pool_pages=args.pool_pages, scheduling_policy=args.scheduling_policy,
                             prompt_logprobs=not args.no_prompt_logprobs, max_deaths=args.max_deaths,
-                            ignore=args.ignore,
+                            ignore=args.ignore, skip=args.skip,
                             only=args.only)
     return args, settings
 
