@@ -226,15 +226,19 @@ def sampling_options(rng: random.Random, body: dict) -> None:
         body["seed"] = rng.randint(0, 2**31)
     if rng.random() < 0.15:
         body["n"] = rng.randint(2, 3)
+        if body.get("temperature") == 0 and rng.random() < 0.7:  # n > 1 needs sampling (vLLM)
+            body["temperature"] = 1.0
     if rng.random() < 0.05:
         body["best_of"] = body.get("n", 1) + rng.randint(0, 2)
     if rng.random() < 0.02:
         body["use_beam_search"] = True
-    body["max_tokens"] = rng.choice([0, 1, 2, 4, 8, 16, 16, 32, None, 4096])
+    body["max_tokens"] = rng.choice([1, 2, 4, 4, 8, 8, 16, 16, 32, None]) if rng.random() < 0.94 \
+        else rng.choice([0, 4096])
     if rng.random() < 0.15:
-        body["min_tokens"] = rng.randint(0, 10)
+        body["min_tokens"] = rng.randint(0, min(10, body.get("max_tokens") or 16) + rng.choice([0, 0, 0, 4]))
     if rng.random() < 0.2:
-        body["stop"] = rng.choice([".", ["\n", "ou"], ["a", "e", " "], "日本", [""]])
+        stops = [".", ["\n", "ou"], ["a", "e", " "], "日本", "」", [""] if rng.random() < 0.2 else "?"]
+        body["stop"] = rng.choice(stops)
     if rng.random() < 0.5:
         body["ignore_eos"] = True
     for key in [k for k, v in body.items() if v is None]:
@@ -520,6 +524,8 @@ async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
             out = await send(http, target.url, case, settings.timeout)
             outcomes[case.index] = out
             check_outcome(report, case, out, settings.seed)
+            if len(outcomes) % 100 == 0:
+                log(f"{len(outcomes)} of {len(cases)} answered, {len(report.failures)} failures")
             closed, sick = await after_request(http, target.url)
             if closed and not sick:
                 report.fail("closed-connection", f"/health on the request's keep-alive "
@@ -533,8 +539,6 @@ async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
                             f"{out.message[:300]!r}); in flight: {suspects}", case, settings.seed)
                 log(f"server death after case {case.index}; in flight {suspects}")
             in_flight.discard(case.index)
-            if len(outcomes) % 100 == 0:
-                log(f"{len(outcomes)} of {len(cases)} sent, {len(report.failures)} failures")
 
     async def one_connection_worker() -> None:
         limits = httpx.Limits(max_connections=1)
