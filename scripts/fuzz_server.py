@@ -35,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rag_workload import document  # noqa: E402
-from serve_util import VllmServer, parse_prometheus, scrape  # noqa: E402
+from serve_util import VllmServer, requests_in_flight, scrape  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "tiny-llama"
@@ -449,16 +449,24 @@ def check_reference(report: Report, case: Case, got: Outcome, alone: Outcome, se
                     detail, case, seed)
 
 
+def pinned_entries(url: str) -> int:
+    """`vllm:chunk_cache_pinned_entries` (0 before the engine's first step reports it)."""
+    from vllm_ascend_chunk.metrics import ChunkCacheMetrics
+
+    try:
+        return ChunkCacheMetrics.from_prometheus_text(scrape(url)).pinned_entries
+    except LookupError:
+        return 0
+
+
 def idle_state(url: str, timeout: float = 30.0) -> tuple[int, int]:
-    """(running + waiting requests, pinned chunk cache entries) once the server is idle."""
+    """(running + waiting requests, pinned chunk cache entries), polled until both are 0 (the
+    metrics trail the answers by an engine step) or `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout
-    while True:
-        m = parse_prometheus(scrape(url))
-        state = (int(m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)),
-                 int(m.get("vllm:chunk_cache_pinned_entries", 0)))
-        if state == (0, 0) or time.monotonic() > deadline:
-            return state
+    while (state := (requests_in_flight(url), pinned_entries(url))) != (0, 0) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
+    return state
 
 
 def check_idle(report: Report, url: str, when: str) -> None:
