@@ -2,19 +2,27 @@
 
     .venv/bin/python scripts/fuzz_server.py                      # 2,000 requests, seed 0
     .venv/bin/python scripts/fuzz_server.py --seed 3 --requests 500 --concurrency 16
-    .venv/bin/python scripts/fuzz_server.py --seed 0 --only 137  # one case again, alone
+    .venv/bin/python scripts/fuzz_server.py --seed 0 --only 137  # one case again
+    .venv/bin/python scripts/fuzz_server.py --no-prompt-logprobs --skip seed  # past known bugs
 
-Requests are random chunked prompts (`SYSTEM # # DOC_1 # # ... # # QUESTION`, parts drawn from a
-small corpus so documents repeat, with random delimiters, whitespace, empty parts and unusual
-Unicode), plain prompts, completions and chat, with random request options, streamed or not,
-some streams closed early. Case i depends only on (seed, i): `--only i` re-sends it.
+The server: the tiny Llama, `--max-model-len 1024`, a 48-page (768-token) chunk pool, chunked
+prefill in 256-token steps, `--scheduling-policy priority` (`fcfs`: a nonzero priority is a 400).
+Requests: random chunked prompts (`SYSTEM # # DOC_1 # # ... # # QUESTION`, parts drawn from a
+small corpus so documents repeat and evict each other, random delimiters and whitespace, empty
+parts, unusual Unicode, sizes around the pool and max_model_len), plain prompts, completions and
+chat, with random options (echo, logprobs, prompt_logprobs, n, best_of, beam search, stop, seed,
+temperature, min/max tokens, truncate_prompt_tokens, response_format, priority), streamed or
+not, some streams closed early. Case i is a function of (seed, i) alone: `--only i` re-sends it;
+`--no-prompt-logprobs` and `--skip` drop options without changing anything else.
 
-Checks: every answer is a 200 or a 4xx with a message (never a 5xx, a client timeout or a dropped
-connection), a stream's error event has a 4xx code, `/health` answers after every request; every
-deterministic 200 (temperature 0, or a seed) gives the token ids that the same request gives
-alone on the idle server afterwards; with nothing in flight, no chunk cache entry stays pinned.
-A dead server is restarted (up to `--max-deaths` times) so that the run finds what lies behind.
-Writes a JSON report (`--out`), prints a summary, exits 1 on any failure.
+Checks (FAILURE_KINDS): every answer is a 200 or a 4xx with a message (never a 5xx, a client
+timeout, a dropped connection), a stream's error event has a 4xx code, `/health` answers after
+every request on the request's own keep-alive connection; every deterministic 200 (temperature
+0, or a seed) gives the token ids the same request gives alone on the idle server afterwards;
+with nothing in flight, no request is running or waiting and no chunk cache entry is pinned.
+A dead server is restarted (up to `--max-deaths` times) so that the run goes on past it.
+Writes a JSON report (`--out`), prints a summary with a reproduction per failure, exits 1 on any
+failure not of an `--ignore`d kind.
 """
 
 from __future__ import annotations
@@ -139,6 +147,18 @@ FAILURE_KINDS = {
 }
 
 
+def repro_command(settings: dict, index: int) -> str:
+    """The command that sends case `index` again (with the options that shape the cases)."""
+    args = [f"--seed {settings['seed']}", f"--only {index}"]
+    if not settings["prompt_logprobs"]:
+        args.append("--no-prompt-logprobs")
+    if settings["skip"]:
+        args.append("--skip " + ",".join(settings["skip"]))
+    if settings["max_model_len"] != FuzzSettings.max_model_len:
+        args.append(f"--max-model-len {settings['max_model_len']}")
+    return "python scripts/fuzz_server.py " + " ".join(args)
+
+
 @dataclass
 class Report:
     settings: dict
@@ -148,10 +168,10 @@ class Report:
     messages_4xx: Counter = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
 
-    def fail(self, kind: str, detail: str, case: Case | None = None, seed: int = 0) -> None:
+    def fail(self, kind: str, detail: str, case: Case | None = None) -> None:
         assert kind in FAILURE_KINDS, kind
         self.counts[f"failure:{kind}"] += 1
-        repro = f"python scripts/fuzz_server.py --seed {seed} --only {case.index}" if case else ""
+        repro = repro_command(self.settings, case.index) if case else ""
         self.failures.append(Failure(kind, detail, asdict(case) if case else None, repro))
 
     def failing(self) -> list[Failure]:
@@ -414,21 +434,21 @@ def short(message: str) -> str:
     return "".join("#" if c.isdigit() else c for c in message)[:160]
 
 
-def check_outcome(report: Report, case: Case, out: Outcome, seed: int) -> None:
+def check_outcome(report: Report, case: Case, out: Outcome) -> None:
     """Count the outcome; record it as a failure unless it is a 200 or a 4xx with a message."""
     report.counts["requests"] += 1
     report.by_status[str(out.status or out.kind)] += 1
     report.by_option.update(case.options())
     if out.kind:
-        report.fail(out.kind, f"after {out.seconds:.1f} s: {out.message}", case, seed)
+        report.fail(out.kind, f"after {out.seconds:.1f} s: {out.message}", case)
     elif out.status is not None and out.status >= 500:
-        report.fail("5xx", f"HTTP {out.status}: {out.message}", case, seed)
+        report.fail("5xx", f"HTTP {out.status}: {out.message}", case)
     elif out.status != 200 and not out.message:
-        report.fail("4xx-no-message", f"HTTP {out.status}", case, seed)
+        report.fail("4xx-no-message", f"HTTP {out.status}", case)
     elif out.stream_error_code is not None:
         report.by_status[f"stream error {out.stream_error_code}"] += 1
         if not 400 <= out.stream_error_code < 500 or not out.message:
-            report.fail("stream-error", f"code {out.stream_error_code}: {out.message}", case, seed)
+            report.fail("stream-error", f"code {out.stream_error_code}: {out.message}", case)
     if 400 <= (out.stream_error_code or out.status or 0) < 500:
         report.messages_4xx[short(out.message)] += 1
 
@@ -438,7 +458,7 @@ def clean(out: Outcome) -> bool:
     return out.status == 200 and not out.kind and out.stream_error_code is None
 
 
-def check_reference(report: Report, case: Case, got: Outcome, alone: Outcome, seed: int) -> None:
+def check_reference(report: Report, case: Case, got: Outcome, alone: Outcome) -> None:
     """The same deterministic request alone must answer the same status and token ids."""
     report.counts["reference checks"] += 1
     if (alone.status, alone.stream_error_code, alone.token_ids) != (got.status, got.stream_error_code,
@@ -446,7 +466,7 @@ def check_reference(report: Report, case: Case, got: Outcome, alone: Outcome, se
         detail = (f"under load: HTTP {got.status} {got.stream_error_code} {got.token_ids} {got.message!r}; "
                   f"alone: HTTP {alone.status} {alone.stream_error_code} {alone.token_ids} {alone.message!r}")
         report.fail("mismatch-greedy" if case.body.get("temperature") == 0 else "mismatch-seeded",
-                    detail, case, seed)
+                    detail, case)
 
 
 def pinned_entries(url: str) -> int:
@@ -531,20 +551,19 @@ async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
             in_flight.add(case.index)
             out = await send(http, target.url, case, settings.timeout)
             outcomes[case.index] = out
-            check_outcome(report, case, out, settings.seed)
+            check_outcome(report, case, out)
             if len(outcomes) % 100 == 0:
                 log(f"{len(outcomes)} of {len(cases)} answered, {len(report.failures)} failures")
             closed, sick = await after_request(http, target.url)
             if closed and not sick:
                 report.fail("closed-connection", f"/health on the request's keep-alive "
-                            f"connection: {closed} (HTTP {out.status} {out.message[:200]!r})", case,
-                            settings.seed)
+                            f"connection: {closed} (HTTP {out.status} {out.message[:200]!r})", case)
             elif sick and not dead.is_set():
                 dead.set()
                 report.counts["server deaths"] += 1
                 suspects = sorted(in_flight)
                 report.fail("server-death", f"/health: {sick} after case {case.index} (HTTP {out.status} "
-                            f"{out.message[:300]!r}); in flight: {suspects}", case, settings.seed)
+                            f"{out.message[:300]!r}); in flight: {suspects}", case)
                 log(f"server death after case {case.index}; in flight {suspects}")
             in_flight.discard(case.index)
 
@@ -577,14 +596,14 @@ async def reference_pass(target: Target, cases: list[Case], outcomes: dict[int, 
     """Re-send every deterministic 200 alone, one at a time, and compare."""
     alone_settings = FuzzSettings(**{**asdict(settings), "concurrency": 1})
     todo = [c for c in cases if c.deterministic and c.index in outcomes and clean(outcomes[c.index])]
-    sub = Report(settings={})
+    sub = Report(settings=report.settings)
     alone = await run_phase(target, todo, alone_settings, sub)
     report.counts.update({k: v for k, v in sub.counts.items()
                           if k.startswith("failure:") or k == "server deaths"})
     report.failures += sub.failures
     for case in todo:
         if case.index in alone and clean(alone[case.index]):
-            check_reference(report, case, outcomes[case.index], alone[case.index], settings.seed)
+            check_reference(report, case, outcomes[case.index], alone[case.index])
 
 
 def fuzz(target: Target, settings: FuzzSettings) -> Report:
