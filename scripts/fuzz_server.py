@@ -6,7 +6,7 @@
     .venv/bin/python scripts/fuzz_server.py --no-prompt-logprobs --skip seed  # past known bugs
 
 The server: the tiny Llama, `--max-model-len 1024`, a 48-page (768-token) chunk pool, chunked
-prefill in 256-token steps, `--scheduling-policy priority` (`fcfs`: a nonzero priority is a 400).
+prefill in 256-token steps, `--scheduling-policy priority` (with `fcfs` vLLM ignores priorities).
 Requests: random chunked prompts (`SYSTEM # # DOC_1 # # ... # # QUESTION`, parts drawn from a
 small corpus so documents repeat and evict each other, random delimiters and whitespace, empty
 parts, unusual Unicode, sizes around the pool and max_model_len), plain prompts, completions and
@@ -662,7 +662,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzS
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--pool-pages", type=int, default=d.pool_pages, help="chunk pool size, 16-token pages")
     p.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default=d.scheduling_policy,
-                   help="with fcfs, a request's nonzero priority is a 400")
+                   help="the server's; with fcfs, vLLM 0.23 ignores the requests' priority")
     p.add_argument("--no-prompt-logprobs", action="store_true",
                    help="ask for no prompt logprobs: no prompt_logprobs, no chat echo, no completion "
                    "echo with logprobs")
