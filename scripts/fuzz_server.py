@@ -168,6 +168,9 @@ class Report:
     messages_4xx: Counter = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.counts.update({f"failure:{kind}": 0 for kind in FAILURE_KINDS} | {"server deaths": 0})
+
     def fail(self, kind: str, detail: str, case: Case | None = None) -> None:
         assert kind in FAILURE_KINDS, kind
         self.counts[f"failure:{kind}"] += 1
