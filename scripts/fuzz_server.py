@@ -472,14 +472,20 @@ def check_reference(report: Report, case: Case, got: Outcome, alone: Outcome) ->
                     detail, case)
 
 
-def pinned_entries(url: str) -> int:
-    """`vllm:chunk_cache_pinned_entries` (0 before the engine's first step reports it)."""
+def chunk_metrics(url: str):
+    """The server's `ChunkCacheMetrics`, None before the engine's first step reports them."""
     from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 
     try:
-        return ChunkCacheMetrics.from_prometheus_text(scrape(url)).pinned_entries
+        return ChunkCacheMetrics.from_prometheus_text(scrape(url))
     except LookupError:
-        return 0
+        return None
+
+
+def pinned_entries(url: str) -> int:
+    """`vllm:chunk_cache_pinned_entries` (0 before the engine's first step reports it)."""
+    m = chunk_metrics(url)
+    return m.pinned_entries if m else 0
 
 
 def idle_state(url: str, timeout: float = 30.0) -> tuple[int, int]:
@@ -622,6 +628,10 @@ def fuzz(target: Target, settings: FuzzSettings) -> Report:
     check_idle(report, target.url, "after the reference pass")
     report.counts["seconds"] = round(time.monotonic() - start)
     report.counts["server restarts"] = target.restarts
+    if m := chunk_metrics(target.url):  # the last server's: what the fuzz made the pool do
+        report.counts.update({"chunk cache hits": m.hit_count, "chunk cache misses": m.miss_count,
+                              "chunk cache evictions": m.evictions, "chunk prefills": m.chunk_prefills,
+                              "chunk cache inflight joins": m.inflight_joins})
     return report
 
 
