@@ -13,7 +13,7 @@ import server_utils
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import fuzz_server  # noqa: E402
 
-SETTINGS = fuzz_server.FuzzSettings(seed=12, requests=60, concurrency=4, timeout=server_utils.TIMEOUT,
+SETTINGS = fuzz_server.FuzzSettings(seed=56, requests=60, concurrency=4, timeout=server_utils.TIMEOUT,
                                     max_deaths=0)
 
 
