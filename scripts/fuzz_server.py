@@ -192,21 +192,24 @@ class Report:
 
 
 def corpus(seed: int) -> list[str]:
-    """Documents of 1 to ~400 tokens (the pool holds ~750), some in unusual Unicode."""
+    """Documents of 1 to ~400 tokens (the pool holds ~750), some in unusual Unicode; the first
+    ones, which `chunked_prompt` picks most often, are the shortest, so they stay in the pool."""
     rng = random.Random(seed)
-    sizes = [1, 2, 5, 10, 20, 40, 60, 80, 100, 150, 200, 300, 400]
-    docs = [document(7000 + seed * 100 + i, rng.choice(sizes)) for i in range(20)]
+    sizes = sorted(rng.choice([1, 2, 5, 10, 20, 40, 60, 80, 100, 150, 200, 300, 400]) for _ in range(20))
+    docs = [document(7000 + seed * 100 + i, size) for i, size in enumerate(sizes)]
     docs += [u * rng.randint(1, 20) for u in UNICODE]
     return docs + ["", "   ", "\u2028"]
 
 
-def noisy(rng: random.Random, text: str) -> str:
-    """`text` with random whitespace around it, sometimes a Unicode insert."""
+def noisy(rng: random.Random, text: str, rate: float = 1.0) -> str:
+    """`text` with random whitespace around it, sometimes a Unicode insert (less of both with a
+    lower `rate`: a prompt's leading whitespace is part of SYSTEM, hence of every chunk key)."""
     ws = ["", " ", "\n", "\t", "\u2028", "\u3000", "  \n "]
-    if rng.random() < 0.1:
+    if rng.random() < 0.1 * rate:
         cut = rng.randint(0, len(text))
         text = text[:cut] + rng.choice(UNICODE) + text[cut:]
-    return rng.choice(ws) + text + rng.choice(ws)
+    lead = rng.choice(ws) if rng.random() < rate else ""
+    return lead + text + rng.choice(ws)
 
 
 def chunked_prompt(rng: random.Random, docs: list[str], max_model_len: int) -> str:
@@ -218,7 +221,7 @@ def chunked_prompt(rng: random.Random, docs: list[str], max_model_len: int) -> s
     if rng.random() < 0.05:
         question = document(rng.randint(0, 10**6), rng.choice([max_model_len // 2, max_model_len]))
     parts = [rng.choice(SYSTEMS), *picks, question]
-    out = noisy(rng, parts[0])
+    out = noisy(rng, parts[0], rate=0.2)
     for part in parts[1:]:
         delim = rng.choice(NOT_DELIMITERS) if rng.random() < 0.03 else rng.choice(DELIMITERS)
         out += delim + noisy(rng, part)
