@@ -590,12 +590,13 @@ async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
 
 async def run_phase(target: Target, cases: list[Case], settings: FuzzSettings,
                     report: Report) -> dict[int, Outcome]:
-    """All `cases`, restarting a dead server up to `settings.max_deaths` times."""
+    """All `cases`, restarting a dead server (and going on, up to `settings.max_deaths` times)."""
     outcomes: dict[int, Outcome] = {}
     while cases:
+        deaths = report.counts["server deaths"]
         done, cases = await run_batch(target, cases, settings, report)
         outcomes.update(done)
-        if not cases:
+        if report.counts["server deaths"] == deaths:
             break
         if not target.restart() or report.counts["server deaths"] > settings.max_deaths:
             report.counts["not sent"] += len(cases)
