@@ -50,6 +50,12 @@ def scrape(url: str) -> str:
         return r.read().decode()
 
 
+def requests_in_flight(url: str) -> int:
+    """`vllm:num_requests_running` + `vllm:num_requests_waiting` (internal chunk prefills included)."""
+    metrics = parse_prometheus(scrape(url))
+    return int(metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"])
+
+
 def openai_client(url: str, timeout: float, **kwargs):
     """An `openai.OpenAI` client of the server at `url` that never retries (a dropped connection
     is an error, not a silent second request)."""

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from serve_util import VllmServer, openai_client, parse_prometheus, scrape  # noqa: E402
+from serve_util import VllmServer, openai_client, scrape  # noqa: E402
+from serve_util import requests_in_flight as requests_in_flight  # noqa: E402  (re-exported)
 
 TIMEOUT = 60
 """Seconds any single client call may take: a hang fails the test instead of stalling CI."""
@@ -34,12 +35,6 @@ def metrics(url: str):
     from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 
     return ChunkCacheMetrics.from_prometheus_text(scrape(url))
-
-
-def requests_in_flight(url: str) -> int:
-    """`vllm:num_requests_running` + `vllm:num_requests_waiting` (internal chunk prefills included)."""
-    metrics = parse_prometheus(scrape(url))
-    return int(metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"])
 
 
 def wait_metrics(url: str, ready: Callable[[object], bool], timeout: float = 10.0):
