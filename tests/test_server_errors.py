@@ -196,3 +196,18 @@ def test_prompt_logprobs_of_a_chunked_prompt_are_a_400(tiny_llama_server, good_a
         after = http.post(tiny_llama_server + "/v1/completions", json=good)
     assert after.status_code == 200, after.text
     assert after.json()["choices"][0]["token_ids"] == good_answer
+
+
+@pytest.mark.parametrize("options", [{"n": 2, "temperature": 0}, {"min_tokens": 8, "max_tokens": 2},
+                                     {"stop": [""]}], ids=["greedy n=2", "min over max", "empty stop"])
+def test_bad_request_options_keep_the_connection(tiny_llama_server, good_answer, options):
+    """vLLM answers these option checks (plain ValueErrors) with a 400; through its catch-all
+    handler the error was re-raised afterwards and the keep-alive connection closed under the
+    client (patch 0017), so its next request on that connection failed."""
+    body = {"model": "tiny-llama", "prompt": GOOD, "max_tokens": 4} | options
+    with httpx.Client(timeout=server_utils.TIMEOUT) as http:
+        resp = http.post(f"{tiny_llama_server}/v1/completions", json=body)
+        assert resp.status_code == 400 and resp.json()["error"]["message"]
+        health = http.get(f"{tiny_llama_server}/health")
+    assert health.status_code == 200
+    assert health.extensions["network_stream"] is resp.extensions["network_stream"], "reconnected"
