@@ -20,14 +20,15 @@ from vllm_ascend_chunk.scheduler.coordinator import JOB_ID_PREFIX
 BLOCK = 16
 
 
-def vllm_config(models_dir: Path, num_gpu_blocks: int = 64):
+def vllm_config(models_dir: Path, num_gpu_blocks: int = 64, policy: str = "fcfs"):
     """The tiny Llama's engine config, no model loaded: 64-token steps, at most 8 requests."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model = ModelConfig(str(models_dir / "tiny-llama"), dtype="float32", max_model_len=1024, seed=0)
     config = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK),
                         scheduler_config=SchedulerConfig(max_model_len=1024, max_num_batched_tokens=64,
-                                                         max_num_seqs=8, is_encoder_decoder=False))
+                                                         max_num_seqs=8, is_encoder_decoder=False,
+                                                         policy=policy))
     config.cache_config.num_gpu_blocks = num_gpu_blocks
     return config
 
@@ -64,7 +65,7 @@ def chunked_request(scheduler, rid: str, sys_len: int, chunk_lens: list[int], qu
 
 
 def make_request(scheduler, rid: str, ids: list[int], info: ChunkCacheInfo | None = None,
-                 max_tokens: int = 3):
+                 max_tokens: int = 3, priority: int = 0):
     """An engine-core `Request`; with `info` (`ChunkCacheInfo` spans) a chunk-path one, its keys
     filled in as the frontend does."""
     from vllm import SamplingParams
@@ -76,7 +77,7 @@ def make_request(scheduler, rid: str, ids: list[int], info: ChunkCacheInfo | Non
         info = with_keys(info, ids, ("tiny", "float32"), hash_fn())
     return Request(request_id=rid, prompt_token_ids=ids,
                    sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                   pooling_params=None, arrival_time=time.time(), chunk_cache=info,
+                   pooling_params=None, arrival_time=time.time(), chunk_cache=info, priority=priority,
                    block_hasher=scheduler._job_block_hasher)
 
 
@@ -138,19 +139,20 @@ Content = tuple
 """What a pool row or a KV slot holds: (SYS ids, document ids or None for SYS, token index)."""
 
 
-@pytest.fixture(params=["overlap", "sequential"])
+@pytest.fixture(params=[("overlap", "fcfs"), ("sequential", "priority")], ids="-".join)
 def small_pool(request, monkeypatch, models_dir: Path):
     """The engine config, with `VLLM_CHUNK_CACHE_SIZE_GB` set so that the pool has POOL_PAGES,
-    in each chunk layout."""
+    in each chunk layout (and scheduling policy)."""
     from vllm_ascend_chunk.config import get_config
     from vllm_ascend_chunk.geometry import pool_geometry
 
-    config = vllm_config(models_dir, NUM_GPU_BLOCKS)
+    layout, policy = request.param
+    config = vllm_config(models_dir, NUM_GPU_BLOCKS, policy)
     geometry = pool_geometry(config)
     page_bytes = geometry.page_size * geometry.bytes_per_token
     monkeypatch.setenv("VLLM_CHUNK_CACHE_SIZE_GB", str((POOL_PAGES + 0.5) * page_bytes / 2**30))
     monkeypatch.delenv("VLLM_CHUNK_CACHE_LRU_THRESHOLD", raising=False)
-    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", request.param)
+    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)
     get_config.cache_clear()
     assert pool_geometry(config).num_pages == POOL_PAGES
     yield config
@@ -191,7 +193,7 @@ class AsyncRun:
         self.counts: Counter = Counter()
 
     # -- client actions ----------------------------------------------------------------------
-    def add(self, rid: str, ids: list[int], max_tokens: int, sys: tuple = (),
+    def add(self, rid: str, ids: list[int], max_tokens: int, priority: int, sys: tuple = (),
             docs: list[tuple] | None = None) -> None:
         info = None
         if docs is not None:
@@ -199,7 +201,7 @@ class AsyncRun:
             info = ChunkCacheInfo(sys_len=len(sys), chunk_lens=[len(d) for d in docs], question_len=question)
             self.contents[rid] = user_contents(sys, docs)
             self.deltas[rid] = user_deltas(sys, docs)
-        self.scheduler.add_request(make_request(self.scheduler, rid, ids, info, max_tokens))
+        self.scheduler.add_request(make_request(self.scheduler, rid, ids, info, max_tokens, priority))
         self.max_tokens[rid], self.tokens[rid] = max_tokens, []
 
     def alive(self) -> list[str]:
@@ -322,14 +324,15 @@ def play(run: AsyncRun, data, num_steps: int) -> None:
 def arrive(run: AsyncRun, data, rid: str) -> None:
     """A chunk-path request (documents of the shared corpus, in any order) or an ordinary one."""
     max_tokens = data.draw(st.integers(1, 6), label="max_tokens")
+    priority = data.draw(st.integers(0, 2), label="priority")  # used by the priority policy
     question = data.draw(st.lists(st.integers(1500, 1600), min_size=1, max_size=6), label="question")
     if data.draw(st.integers(0, 3), label="ordinary?") == 2:
         prompt = data.draw(st.lists(st.integers(1000, 1400), min_size=1, max_size=80), label="prompt")
-        run.add(rid, prompt, max_tokens)
+        run.add(rid, prompt, max_tokens, priority)
         return
     sys = data.draw(st.sampled_from(SYSTEMS), label="sys")
     docs = data.draw(st.lists(st.sampled_from(DOCS), min_size=1, max_size=3, unique=True), label="docs")
-    run.add(rid, [*sys, *[t for d in docs for t in d], *question], max_tokens, sys, docs)
+    run.add(rid, [*sys, *[t for d in docs for t in d], *question], max_tokens, priority, sys, docs)
 
 
 def test_random_async_sequences_keep_the_pool_consistent(small_pool):
