@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from coordinator_checks import check_bookkeeping, check_drained
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -365,28 +366,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @invariant()
     def bookkeeping(self) -> None:
-        coord, manager = self.coord, self.coord.manager
+        coord = self.coord
         live_jobs = {**self.jobs_todo, **self.jobs_ran}
         assert coord.jobs.keys() == live_jobs.keys()
-        dropped = {id(e): e for j in live_jobs.values() for e in j.entries if e.dropped}
-        dropped.update({id(e): e for u in coord.users.values() for e in (u.entries or []) if e.dropped})
-        taken = [p for e in [*manager.entries.values(), *dropped.values()] for p in e.pages]
-        assert len(taken) == len(set(taken)), "a page belongs to two entries"
-        assert sorted(taken + manager.free_pages) == list(range(manager.num_pages))
-        pins: dict[int, int] = {}
-        for user in coord.users.values():
-            holds = user.status in (UserStatus.PLANNED, UserStatus.LOADING)
-            assert (user.entries is not None) == holds
-            for entry in {id(e): e for e in user.entries or []}.values():
-                pins[id(entry)] = pins.get(id(entry), 0) + 1
-                assert manager.entries.get(entry.key) is entry, "a pinned entry left the pool"
-        for entry in [*manager.entries.values(), *dropped.values()]:
-            assert entry.pins == pins.get(id(entry), 0)
-            if not entry.resident:
-                assert any(entry in j.entries for j in live_jobs.values()), "orphan pending entry"
-        for job in live_jobs.values():
-            for entry in job.entries:
-                assert not set(entry.pages) & set(manager.free_pages), "free page still written"
+        check_bookkeeping(coord, live_jobs)
         assert coord.users.keys() == self.waiting.keys() | self.running.keys()
 
     def teardown(self) -> None:
@@ -409,9 +392,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert not self.waiting, f"requests never admitted: {sorted(self.waiting)}"
         for req in list(self.running.values()):
             self.coord.request_finished(req)
-        manager = self.coord.manager
-        assert manager.pinned_entries == 0 and all(e.resident for e in manager.entries.values())
-        assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
+        check_drained(self.coord)
 
 
 CoordinatorMachine.TestCase.settings = settings(

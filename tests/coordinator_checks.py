@@ -1,0 +1,41 @@
+"""Bookkeeping invariants of a `ChunkCacheCoordinator`, shared by the coordinator tests (fake
+engine) and the async scheduler tests (real vLLM scheduler)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkJob, UserStatus
+
+
+def check_bookkeeping(coord: ChunkCacheCoordinator, live_jobs: Mapping[str, ChunkJob]) -> None:
+    """Pins equal the PLANNED/LOADING users holding an entry, every such entry is in the index,
+    free pages and entry pages partition the pool, every pending entry has a live job, and no
+    live job writes a free page."""
+    manager = coord.manager
+    dropped = {id(e): e for j in live_jobs.values() for e in j.entries if e.dropped}
+    dropped.update({id(e): e for u in coord.users.values() for e in (u.entries or []) if e.dropped})
+    taken = [p for e in [*manager.entries.values(), *dropped.values()] for p in e.pages]
+    assert len(taken) == len(set(taken)), "a page belongs to two entries"
+    assert sorted(taken + manager.free_pages) == list(range(manager.num_pages))
+    pins: dict[int, int] = {}
+    for user in coord.users.values():
+        holds = user.status in (UserStatus.PLANNED, UserStatus.LOADING)
+        assert (user.entries is not None) == holds
+        for entry in {id(e): e for e in user.entries or []}.values():
+            pins[id(entry)] = pins.get(id(entry), 0) + 1
+            assert manager.entries.get(entry.key) is entry, "a pinned entry left the pool"
+    for entry in [*manager.entries.values(), *dropped.values()]:
+        assert entry.pins == pins.get(id(entry), 0)
+        if not entry.resident:
+            assert any(entry in j.entries for j in live_jobs.values()), "orphan pending entry"
+    for job in live_jobs.values():
+        for entry in job.entries:
+            assert not set(entry.pages) & set(manager.free_pages), "free page still written"
+
+
+def check_drained(coord: ChunkCacheCoordinator) -> None:
+    """Nothing pinned or pending is left, and the pool's used pages are exactly its entries'."""
+    manager = coord.manager
+    assert manager.pinned_entries == 0 and all(e.resident for e in manager.entries.values())
+    assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
