@@ -396,7 +396,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
 
 CoordinatorMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None, derandomize=True,
+    max_examples=2000, stateful_step_count=40, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow])
 test_coordinator_random_operations = CoordinatorMachine.TestCase
 
