@@ -54,7 +54,7 @@ PROMPT_LOGPROBS_REFUSED = (
 
 
 def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
-                     params=None) -> ChunkCacheInfo | None:
+                     params) -> ChunkCacheInfo | None:
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
     spans = engine_input.get(SPANS_KEY)
     if spans is None or not is_active(vllm_config):
