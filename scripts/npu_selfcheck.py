@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_ascend_chunk.ops.kv_read import plain_reader
 from vllm_ascend_chunk.ops.kv_write import KVWriter
 from vllm_ascend_chunk.ops.npu import (
     npu_apply_rotation_,
@@ -71,7 +72,8 @@ Check = tuple[str, Callable[[], tuple[bool, str]]]
 def check_kv_writer(make_writer: MakeWriter, device: str, dtype: torch.dtype, num_kv_heads: int,
                     head_size: int, seed: int, num_blocks: int = 5,
                     num_tokens: int = 300) -> tuple[bool, str]:
-    """Write random K/V at random distinct slots of poisoned caches; compare every element."""
+    """Write random K/V at random distinct slots of poisoned caches; compare every element, then
+    read the slots back as the pool is filled after a step (`plain_reader`)."""
     gen = torch.Generator().manual_seed(seed)
     shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
     key, value = (torch.randn(num_tokens, num_kv_heads, head_size, generator=gen).to(dtype) for _ in "kv")
@@ -81,7 +83,10 @@ def check_kv_writer(make_writer: MakeWriter, device: str, dtype: torch.dtype, nu
     caches = tuple(torch.full(shape, POISON, dtype=dtype, device=device) for _ in "kv")
     make_writer(caches)(key.to(device), value.to(device), slots.to(device))
     bad = sum(int((got.cpu() != want).sum()) for got, want in zip(caches, expected, strict=True))
-    return bad == 0, f"{bad} of {2 * expected[0].numel()} cache elements differ"
+    read = plain_reader(*caches)(slots.to(device))
+    unread = sum(int((got.cpu() != want).sum()) for got, want in zip(read, (key, value), strict=True))
+    return bad == unread == 0, (f"{bad} of {2 * expected[0].numel()} cache elements differ; "
+                                f"{unread} of {2 * key.numel()} read back differ")
 
 
 def check_rotation(rotate: Rotate, device: str, dtype: torch.dtype, neox: bool, rotary_dim: int,

@@ -227,7 +227,7 @@ class AsyncRun:
             out = self.scheduler.schedule()
             self._count_preemptions(out)
             self._check_loads(out)
-            self._record_captures(out)
+            self._record_saves(out)
             self.in_flight.append((out, synthetic_output(out, self.scheduler, TOKEN)))
         if self.in_flight and (len(self.in_flight) == 2 or not self.in_flight[-1][0].num_scheduled_tokens
                                or not self.scheduler.has_requests()):
@@ -268,15 +268,23 @@ class AsyncRun:
         self.counts["load_steps"] += 1
         self.counts["loaded_rows"] += len(meta.load_rows)
 
-    def _record_captures(self, out) -> None:
-        """The scheduled tokens of each chunk prefill write their pool rows in this step."""
-        for jid, rows in out.kv_connector_metadata.captures.items():
-            request = self.scheduler.requests[jid]
-            sys_len = self.coord.jobs[jid].parent.chunk_cache.sys_len
-            end = request.num_computed_tokens
-            for p in range(end - out.num_scheduled_tokens[jid], end):
-                if rows[p] >= 0:
-                    self.pool[rows[p]] = job_content(request.prompt_token_ids, sys_len, p)
+    def _record_saves(self, out) -> None:
+        """After the forward, each saved slot holds the token a chunk prefill computed there in
+        this step: its content goes into the pool row."""
+        computed = {}
+        for jid, n in out.num_scheduled_tokens.items():
+            if jid in self.coord.jobs:
+                request = self.scheduler.requests[jid]
+                block_ids = self.scheduler.kv_cache_manager.get_block_ids(jid)[0]
+                sys_len = self.coord.jobs[jid].parent.chunk_cache.sys_len
+                end = request.num_computed_tokens
+                for p in range(end - n, end):
+                    slot = block_ids[p // BLOCK] * BLOCK + p % BLOCK
+                    computed[slot] = job_content(request.prompt_token_ids, sys_len, p)
+        meta = out.kv_connector_metadata
+        for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):
+            assert slot in computed, f"slot {slot} saved, but no chunk prefill computed it this step"
+            self.pool[row] = computed[slot]
 
     def _apply(self, out, model_output) -> None:
         for eco in self.scheduler.update_from_output(out, model_output).values():

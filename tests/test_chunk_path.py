@@ -171,3 +171,85 @@ def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(tiny_llama_llm,
     assert manager.stats.chunk_prefills - prefills == 4  # every chunk again (SYS with the first)
     assert not coordinator.jobs and manager.pinned_entries == 0
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
+
+
+def _full_graph_dispatcher(vllm_config):
+    """vLLM's cudagraph dispatcher for this engine as CUDA runs it by default (FULL_AND_PIECEWISE)."""
+    import copy
+
+    from vllm.config import CompilationMode, CUDAGraphMode
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    config = copy.copy(vllm_config)
+    compilation = config.compilation_config = copy.deepcopy(vllm_config.compilation_config)
+    compilation.mode = CompilationMode.VLLM_COMPILE
+    compilation.splitting_ops = list(compilation._attention_ops)
+    compilation.cudagraph_capture_sizes, compilation.max_cudagraph_capture_size = [1, 2, 4, 8], 8
+    dispatcher = CudagraphDispatcher(config)
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, uniform_decode_query_len=1)
+    return dispatcher
+
+
+def test_a_chunk_prefill_step_replayed_from_a_full_graph_fills_its_entry(tiny_llama_llm, hf_model, raw_tok):
+    """The last piece of a chunk prefill is one token, scheduled with a one-token decode: vLLM's
+    dispatcher sends that step to a full CUDA graph, whose replay runs no Python inside the
+    attention op. The pool is filled from the paged cache after the step (nothing of ours runs in
+    the op), so requests that load the entry answer exactly as the reference."""
+    import inspect
+
+    from vllm import SamplingParams
+    from vllm.model_executor.layers.attention import attention
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert "chunk" not in inspect.getsource(attention.unified_attention_with_output)
+    engine = tiny_llama_llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    budget = scheduler.max_num_scheduled_tokens
+    doc = _text_of_length(raw_tok, budget - len(raw_tok.encode(cc.SYS).ids))  # SYS + doc = budget
+    prompts = [cc.chunked(cc.SYS, [doc], q) for q in ("What is it about?", "Again?")]
+
+    steps, schedule = [], scheduler.schedule
+    scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]
+    try:
+        engine.add_request("decoding", "An ordinary prompt that keeps decoding",
+                           SamplingParams(max_tokens=12, ignore_eos=True))
+        engine.step()  # its prefill; from now on it decodes one token per step
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=1, ignore_eos=True)
+        engine.add_request("chunked", prompts[0], params)  # its prefill: budget - 1 tokens, then 1
+        outputs = {}
+        while engine.has_unfinished_requests():
+            outputs |= {o.request_id: o for o in engine.step() if o.finished}
+    finally:
+        scheduler.schedule = schedule
+    dispatcher = _full_graph_dispatcher(engine.vllm_config)
+    saved = [s for s in steps if s.kv_connector_metadata.save_rows]
+    modes = []
+    for step in saved:
+        counts = list(step.num_scheduled_tokens.values())
+        uniform = GPUModelRunner._is_uniform_decode(max(counts), 1, sum(counts), len(counts))
+        modes.append(dispatcher.dispatch(sum(counts), uniform_decode=uniform)[0].name)
+    assert modes[-1] == "FULL", f"chunk prefill steps dispatched as {modes}"
+
+    warm = generate(tiny_llama_llm, prompts[1:])  # loads the entry again
+    for prompt, out in zip(prompts, [outputs["chunked"], *warm], strict=True):
+        exp, ref = cc.reference(hf_model, raw_tok, prompt, MAX_TOKENS)
+        assert out.prompt_token_ids == exp.token_ids and exp.chunk_lens == [budget - exp.sys_len]
+        gen = out.outputs[0]
+        logprobs = [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)]
+        cc.assert_matches(gen.token_ids, logprobs, ref, "a chunk loaded after a full-graph step")
+
+
+def _text_of_length(raw_tok, num_tokens: int) -> str:
+    """A document of exactly `num_tokens` tokens (whole words, then one-token fillers)."""
+    def length(text: str) -> int:
+        return len(raw_tok.encode(text, add_special_tokens=False).ids)
+
+    text = ""
+    for word in " ".join(cc.document(500 + i, 40) for i in range(40)).split():
+        if length(f"{text} {word}".strip()) > num_tokens:
+            break
+        text = f"{text} {word}".strip()
+    while length(text) < num_tokens:
+        text += " a"
+    assert length(text) == num_tokens
+    return text

@@ -54,8 +54,27 @@ class FakeBlocks:
 
 
 @dataclass
+class FakeNewRequest:
+    req_id: str
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int = 0
+
+
+@dataclass
+class FakeCachedRequests:
+    req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: set[str] = field(default_factory=set)
+    new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
 class FakeOutput:
+    """The fields of `SchedulerOutput` the coordinator reads."""
+
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    scheduled_new_reqs: list[FakeNewRequest] = field(default_factory=list)
+    scheduled_cached_reqs: FakeCachedRequests = field(default_factory=FakeCachedRequests)
 
 
 def user_request(rid: str, docs: list[bytes], sys_len: int = 2, question_len: int = 2,
@@ -78,15 +97,29 @@ def job_request(job: ChunkJob) -> FakeRequest:
     return FakeRequest(job.request_id, job.token_ids)
 
 
+_BLOCK_BASES: dict[str, int] = {}
+
+
 def blocks_for(request: FakeRequest) -> FakeBlocks:
+    """The blocks of a request: its own range, the same at every call."""
     n = -(-len(request.prompt_token_ids) // BLOCK)
-    base = abs(hash(request.request_id)) % 1000 * 100
+    base = _BLOCK_BASES.setdefault(request.request_id, len(_BLOCK_BASES)) * 100
     return FakeBlocks(list(range(base, base + n)))
+
+
+def slot_of(block_ids: list[int], token: int) -> int:
+    return block_ids[token // BLOCK] * BLOCK + token % BLOCK
+
+
+def job_step(jobs: list[ChunkJob], others: dict[str, int] | None = None) -> FakeOutput:
+    """A step that computes these new jobs' whole prompts (and one token of `others`)."""
+    new = [FakeNewRequest(j.request_id, blocks_for(job_request(j)).get_block_ids()) for j in jobs]
+    return FakeOutput({j.request_id: len(j.token_ids) for j in jobs} | (others or {}), new)
 
 
 def run_jobs(coord: ChunkCacheCoordinator, jobs: list[ChunkJob]) -> None:
     """Schedule the jobs for one step, then finish them with their sampled token."""
-    coord.build_connector_meta(FakeOutput({j.request_id: len(j.token_ids) for j in jobs}))
+    coord.build_connector_meta(job_step(jobs))
     for job in jobs:
         coord.request_finished(FakeRequest(job.request_id, job.token_ids, num_output_tokens=1,
                                            num_computed_tokens=len(job.token_ids)))
@@ -129,6 +162,24 @@ def test_load_then_preemption_plans_again_without_counting_twice():
     assert (coord.manager.stats.hits, coord.manager.stats.misses) == (0, 2)
 
 
+def test_saves_follow_each_piece_of_a_chunk_prefill_and_its_blocks_after_preemption():
+    """Chunked prefill: each step saves the tokens it computes, from the slots of the blocks the
+    scheduler outputs announced (appended while running, replaced when resumed)."""
+    coord = coordinator(16)
+    req = user_request("r", [b"d3"], sys_len=2)  # the job: SYS (2) + d3 (8) = 10 tokens
+    coord.on_new_request(req)
+    (job,) = coord.plan()
+    rid, rows = job.request_id, job.pool_rows
+    meta = coord.build_connector_meta(FakeOutput({rid: 6}, [FakeNewRequest(rid, ([7, 3],))]))
+    assert (meta.save_rows, meta.save_slots) == (rows[:6], [28, 29, 30, 31, 12, 13])
+    cached = FakeCachedRequests([rid], set(), [([5],)], [6])
+    meta = coord.build_connector_meta(FakeOutput({rid: 3}, scheduled_cached_reqs=cached))
+    assert (meta.save_rows, meta.save_slots) == (rows[6:9], [14, 15, 20])
+    resumed = FakeCachedRequests([rid], {rid}, [([1, 2, 9],)], [0])  # preempted, then resumed
+    meta = coord.build_connector_meta(FakeOutput({rid: 10}, scheduled_cached_reqs=resumed))
+    assert (meta.save_rows, meta.save_slots) == (rows, [4, 5, 6, 7, 8, 9, 10, 11, 36, 37])
+
+
 def test_prefix_cache_hit_of_the_whole_region_loads_nothing():
     coord = coordinator(16)
     req = user_request("r", [b"d0"])
@@ -146,7 +197,7 @@ def test_chunk_prefill_preempted_after_its_last_forward_still_fills_the_pool():
     req = user_request("r", [b"d0"])
     coord.on_new_request(req)
     (job,) = coord.plan()
-    coord.build_connector_meta(FakeOutput({job.request_id: len(job.token_ids)}))
+    coord.build_connector_meta(job_step([job]))
     coord.request_finished(FakeRequest(job.request_id, job.token_ids, num_output_tokens=1,
                                        num_computed_tokens=0, status="FINISHED_LENGTH_CAPPED"))
     assert all(e.resident for e in job.entries)
@@ -301,21 +352,27 @@ class CoordinatorMachine(RuleBasedStateMachine):
             admitted.append((req, local))
             self.running[rid] = self.waiting.pop(rid)
         ran = [j for j in self.jobs_todo.values() if data.draw(st.booleans())]
-        scheduled = {j.request_id: 1 for j in ran} | {rid: 1 for rid in self.running}
-        meta = coord.build_connector_meta(FakeOutput(scheduled))
+        meta = coord.build_connector_meta(job_step(ran, {rid: 1 for rid in self.running}))
         self._check_loads(meta, admitted)
-        writes = {row for j in ran for row in meta.captures[j.request_id] if row >= 0}
-        assert not writes & set(meta.load_rows), "a chunk prefill writes rows loaded in its step"
+        self._save(meta, ran)
         for job in ran:
-            gen = self.job_generation[job.request_id]
-            for row, (key, t) in zip(job.capture_rows, self._job_tokens(job), strict=True):
-                if row >= 0:
-                    self.rows[row] = (key, t, gen)
             self.jobs_todo.pop(job.request_id)
             if data.draw(st.sampled_from([True, True, True, False])):
                 coord.request_finished(FakeRequest(job.request_id, job.token_ids, num_output_tokens=1))
             else:
                 self.jobs_ran[job.request_id] = job
+
+    def _save(self, meta, ran: list[ChunkJob]) -> None:
+        """After the forward: each saved slot's token (the job's K/V there) into its pool row."""
+        assert not set(meta.save_rows) & set(meta.load_rows), "a chunk prefill writes rows loaded in its step"
+        assert sorted(meta.save_rows) == sorted(r for j in ran for r in j.pool_rows if r >= 0)
+        computed = {slot_of(blocks_for(job_request(job)).ids, t): (job, t)
+                    for job in ran for t in range(len(job.token_ids))}
+        for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):
+            job, t = computed[slot]
+            key, index = self._job_tokens(job)[t]
+            assert key, f"{job.request_id} token {t} saved, but it belongs to no entry it fills"
+            self.rows[row] = (key, index, self.job_generation[job.request_id])
 
     @staticmethod
     def _job_tokens(job: ChunkJob) -> list[tuple[bytes, int]]:

@@ -89,10 +89,13 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
-        return  # K/V are captured inside the attention op instead (`worker.hooks.capture`)
+        return  # a graph replay would skip it: the pool is filled in `wait_for_save` instead
 
     def wait_for_save(self) -> None:
-        self.chunk_worker.end_step()
+        """After the forward: chunk-prefill tokens, from the slots it wrote, into the pool."""
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ChunkCacheStepMetadata)
+        self.chunk_worker.save(meta)
 
 
 def _single_group(kv_cache_config):

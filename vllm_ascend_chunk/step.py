@@ -19,9 +19,11 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
     load_deltas: list[int] = field(default_factory=list)
     """Sequential layout: RoPE position delta of each loaded row (its keys are re-rotated by it
     on the way); empty in the overlap layout."""
-    captures: dict[str, list[int]] = field(default_factory=dict)
-    """Internal chunk prefills scheduled this step: request id → pool row of each prompt token
-    (-1 = not stored). Their post-RoPE K/V are captured into the pool during the forward."""
+    save_rows: list[int] = field(default_factory=list)
+    """Pool rows to fill after the forward with the post-RoPE K/V of chunk-prefill tokens
+    computed in this step ..."""
+    save_slots: list[int] = field(default_factory=list)
+    """... read from the paged-cache slot the forward wrote each token into."""
     position_shifts: dict[str, int] = field(default_factory=dict)
     """Chunk-path requests scheduled this step: request id → amount subtracted from the RoPE
     position of every token they compute (overlap layout: `sum(len(C_i)) - max(len(C_i))`)."""

@@ -55,7 +55,7 @@ def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], l
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        return _cpu_writer(kv_cache, vllm_config)
+        return cpu_writer(kv_cache, vllm_config.cache_config.cache_dtype)
     if current_platform.device_type == "npu":  # vllm-ascend: a (k_cache, v_cache) pair per layer
         from vllm_ascend_chunk.ops.npu import npu_kv_writer
 
@@ -65,15 +65,19 @@ def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], l
         "set VLLM_ENABLE_CHUNK_CACHE=false")
 
 
-def _cpu_writer(kv_cache: torch.Tensor, vllm_config) -> KVWriter:
+def cpu_cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V views CPU_ATTN's forward uses: [blocks, heads, 2 * block, head] split in K | V."""
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    return kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
+
+
+def cpu_writer(kv_cache: torch.Tensor, cache_dtype: str) -> KVWriter:
+    """The writer of a CPU_ATTN cache `[blocks, heads, block_size, 2 * head_size]`."""
     from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
-    # The same views CPU_ATTN's forward uses: [blocks, heads, 2 * block, head] split in K | V.
-    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
-    cache_dtype = vllm_config.cache_config.cache_dtype
-    isa = _get_attn_isa(kv_cache.dtype, block_size, key_cache.shape[-1], cache_dtype)
+    key_cache, value_cache = cpu_cache_views(kv_cache)
+    isa = _get_attn_isa(kv_cache.dtype, kv_cache.shape[2], key_cache.shape[-1], cache_dtype)
 
     def write(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
         ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa,

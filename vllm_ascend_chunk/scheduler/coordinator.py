@@ -18,8 +18,9 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 6. `on_preempted`, LOADED → WAITING (its blocks are gone: plan and load again);
    `request_finished`: pins released, R forgotten. `reset`: the pool is dropped and every
    PLANNED request is planned again (it must not load what the reset dropped).
-A job's K/V are captured into its pending entries while it computes; when the job has sampled
-its token (its whole prompt was computed), `request_finished` marks them resident.
+A job's tokens are copied from its paged-cache slots into its pending entries after each step
+that computes them (`save_rows`/`save_slots`); when the job has sampled its token (its whole
+prompt was computed and saved), `request_finished` marks them resident.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ class ChunkJob:
 
     request_id: str
     token_ids: list[int]
-    capture_rows: list[int]
+    pool_rows: list[int]
     """Pool row for each prompt token (-1: not stored)."""
     entries: list[Entry]
     parent: Request
     """The user `Request` that caused the job (LoRA, salt, priority are taken from it)."""
+    block_ids: list[int] = field(default_factory=list)
+    """Its paged-cache blocks, as the scheduler outputs announce them."""
 
 
 class UserStatus(enum.Enum):
@@ -190,7 +193,7 @@ class ChunkCacheCoordinator:
     def _job(self, token_ids: list[int], rows: list[int], entries: list[Entry],
              user: UserRequest) -> ChunkJob:
         job = ChunkJob(request_id=f"{self._job_id_prefix}{next(self._job_ids)}", token_ids=list(token_ids),
-                       capture_rows=rows, entries=entries, parent=user.request)
+                       pool_rows=rows, entries=entries, parent=user.request)
         self.jobs[job.request_id] = job
         return job
 
@@ -227,9 +230,8 @@ class ChunkCacheCoordinator:
         end = user.info.question_start
         start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
-        bs = self.block_size
         self._step.load_rows += self._source_rows(user)[start:end]
-        self._step.load_slots += [block_ids[t // bs] * bs + t % bs for t in range(start, end)]
+        self._step.load_slots += [self._slot(block_ids, t) for t in range(start, end)]
         if self.layout == "sequential":
             self._step.load_deltas += self._sequential_deltas(user.info)[start:end]
         user.status = UserStatus.LOADING
@@ -255,15 +257,48 @@ class ChunkCacheCoordinator:
         """Pool row of every token before the question: SYS, then each chunk."""
         return [row for entry in user.entries for row in self._rows(entry)]
 
+    def _slot(self, block_ids: list[int], token: int) -> int:
+        return block_ids[token // self.block_size] * self.block_size + token % self.block_size
+
+    def _job_pieces(self, scheduler_output) -> dict[str, int]:
+        """Jobs scheduled this step → their first token computed in it; tracks their blocks."""
+        pieces = {}
+        for new in scheduler_output.scheduled_new_reqs:
+            if (job := self.jobs.get(new.req_id)) is not None:
+                job.block_ids = list(new.block_ids[0])
+                pieces[job.request_id] = new.num_computed_tokens
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids,
+                                             cached.num_computed_tokens, strict=True):
+            if (job := self.jobs.get(rid)) is None:
+                continue
+            if rid in cached.resumed_req_ids:  # preempted, then given blocks anew
+                job.block_ids = []
+            job.block_ids += new_blocks[0] if new_blocks else []
+            pieces[rid] = computed
+        return pieces
+
+    def _saves(self, scheduler_output) -> tuple[list[int], list[int]]:
+        """Pool row and paged-cache slot of every job token computed this step that is stored."""
+        rows, slots = [], []
+        for rid, first in self._job_pieces(scheduler_output).items():
+            job = self.jobs[rid]
+            for t in range(first, first + scheduler_output.num_scheduled_tokens[rid]):
+                if job.pool_rows[t] >= 0:
+                    rows.append(job.pool_rows[t])
+                    slots.append(self._slot(job.block_ids, t))
+        return rows, slots
+
     def build_connector_meta(self, scheduler_output) -> ChunkCacheStepMetadata:
-        scheduled = scheduler_output.num_scheduled_tokens
+        save_rows, save_slots = self._saves(scheduler_output)
         meta = ChunkCacheStepMetadata(
             load_rows=self._step.load_rows,
             load_slots=self._step.load_slots,
             load_deltas=self._step.load_deltas,
-            captures={rid: self.jobs[rid].capture_rows for rid in scheduled if rid in self.jobs},
+            save_rows=save_rows,
+            save_slots=save_slots,
             position_shifts={rid: self.position_shift(self.users[rid].info)
-                             for rid in scheduled if rid in self.users},
+                             for rid in scheduler_output.num_scheduled_tokens if rid in self.users},
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
         for user in self._step.loaded:

@@ -1,1 +1,1 @@
-"""Worker side (device): the pool tensors, KV capture and load, RoPE position shifts."""
+"""Worker side (device): the pool tensors, KV save and load, RoPE position shifts."""

@@ -1,10 +1,10 @@
 """ChunkCacheWorker: executes a step's chunk operations on one worker.
 
 Per step: `prepare_step` (from the model runner, once the slot mapping is computed from the
-logical positions) shifts the RoPE positions of chunk-path requests and resolves which batch
-tokens to capture; `load` (connector `start_load_kv`, before the forward) copies pool rows into
-slots; `capture` (from the attention op, every layer) stores the captured tokens' post-RoPE K/V;
-`end_step` (connector `wait_for_save`) forgets the step.
+logical positions) shifts the RoPE positions of chunk-path requests; `load` (connector
+`start_load_kv`, before the forward) copies pool rows into slots; `save` (connector
+`wait_for_save`, after the forward) copies the slots that chunk prefills wrote into pool rows.
+Nothing runs inside the attention op, so a forward replayed from a graph is handled the same.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.ops.kv_read import make_kv_reader
 from vllm_ascend_chunk.ops.kv_write import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
@@ -37,15 +38,14 @@ class ChunkCacheWorker:
         self.rotary: RotarySpec | None = None
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._model_bound = False
-        self._capture: tuple[torch.Tensor, torch.Tensor] | None = None  # (batch tokens, pool rows)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = self.vllm_config.compilation_config.static_forward_context
-        names = list(kv_caches)
-        loaders = [make_kv_loader(kv_caches[n], layers.get(n), self.vllm_config) for n in names]
+        loaders = [make_kv_loader(kv, layers.get(n), self.vllm_config) for n, kv in kv_caches.items()]
+        readers = [make_kv_reader(kv, self.vllm_config) for kv in kv_caches.values()]
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
-        self.pool = ChunkCachePool(self.geometry, names, loaders, device)
+        self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
@@ -66,31 +66,14 @@ class ChunkCacheWorker:
                     f"rotary_dim={self.rotary.rotary_dim}, neox={self.rotary.is_neox_style}")
 
     def prepare_step(self, runner, meta: ChunkCacheStepMetadata, num_reqs: int, num_tokens: int) -> None:
-        self._capture = None
-        if not (meta.captures or meta.position_shifts):
+        if not meta.position_shifts:
             return
         req_ids = runner.input_batch.req_ids[:num_reqs]
         starts = runner.query_start_loc.np[:num_reqs + 1]
-        if meta.position_shifts:
-            shifts = np.array([meta.position_shifts.get(r, 0) for r in req_ids], dtype=np.int64)
-            if shifts.any():
-                per_token = torch.from_numpy(np.repeat(shifts, np.diff(starts)))
-                runner.positions[:num_tokens] -= per_token.to(runner.positions.device)
-        if meta.captures:
-            computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs]
-            src, dst = [], []
-            for i, rid in enumerate(req_ids):
-                if (rows := meta.captures.get(rid)) is None:
-                    continue
-                first, n = int(computed[i]), int(starts[i + 1] - starts[i])
-                step_rows = np.asarray(rows[first:first + n], dtype=np.int64)
-                keep = np.flatnonzero(step_rows >= 0)
-                src.append(starts[i] + keep)
-                dst.append(step_rows[keep])
-            if src:
-                device = runner.positions.device
-                self._capture = (torch.from_numpy(np.concatenate(src)).to(device),
-                                 torch.from_numpy(np.concatenate(dst)).to(device))
+        shifts = np.array([meta.position_shifts.get(r, 0) for r in req_ids], dtype=np.int64)
+        if shifts.any():
+            per_token = torch.from_numpy(np.repeat(shifts, np.diff(starts)))
+            runner.positions[:num_tokens] -= per_token.to(runner.positions.device)
 
     def load(self, meta: ChunkCacheStepMetadata) -> None:
         if not meta.load_rows:
@@ -107,9 +90,8 @@ class ChunkCacheWorker:
         self.pool.load(torch.tensor(meta.load_rows, dtype=torch.int64, device=device),
                        torch.tensor(meta.load_slots, dtype=torch.int64, device=device), rotation)
 
-    def capture(self, layer_name: str, key: torch.Tensor, value: torch.Tensor) -> None:
-        if self._capture is not None:
-            self.pool.store(layer_name, key, value, *self._capture)
-
-    def end_step(self) -> None:
-        self._capture = None
+    def save(self, meta: ChunkCacheStepMetadata) -> None:
+        if meta.save_rows:
+            device = self.pool.kv.device
+            self.pool.save(torch.tensor(meta.save_rows, dtype=torch.int64, device=device),
+                           torch.tensor(meta.save_slots, dtype=torch.int64, device=device))

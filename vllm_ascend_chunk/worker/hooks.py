@@ -1,8 +1,6 @@
-"""Entry points for the vLLM patches on the worker side (model runner, attention op)."""
+"""Entry points for the vLLM patches on the worker side (model runner)."""
 
 from __future__ import annotations
-
-import torch
 
 
 def _chunk_worker():
@@ -18,12 +16,6 @@ def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> No
     meta = scheduler_output.kv_connector_metadata
     if isinstance(meta, ChunkCacheStepMetadata) and (worker := _chunk_worker()) is not None:
         worker.prepare_step(runner, meta, num_reqs, num_tokens)
-
-
-def capture(layer_name: str, key: torch.Tensor | None, value: torch.Tensor | None) -> None:
-    """`unified_attention_with_output`: store this layer's K/V of the tokens being captured."""
-    if key is not None and (worker := _chunk_worker()) is not None:
-        worker.capture(layer_name, key, value)
 
 
 def bind_model(model) -> None:

@@ -1,4 +1,4 @@
-"""ChunkCachePool: the pool tensors, and the two moves — capture into it, load out of it.
+"""ChunkCachePool: the pool tensors, and the two moves — save into it, load out of it.
 
 `[layers, 2, rows, kv_heads, head_size]` in the KV dtype, allocated once after the paged KV
 cache. Rows are addressed by the scheduler (pages of `PAGE_SIZE` rows); the pool never decides.
@@ -9,28 +9,29 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.ops.kv_read import KVReader
 from vllm_ascend_chunk.ops.kv_write import KVLoader
 from vllm_ascend_chunk.ops.rotary import Rotation
 
 
 class ChunkCachePool:
-    def __init__(self, geometry: PoolGeometry, layer_names: list[str], loaders: list[KVLoader],
+    def __init__(self, geometry: PoolGeometry, loaders: list[KVLoader], readers: list[KVReader],
                  device: torch.device) -> None:
-        if len(layer_names) != geometry.num_layers:
+        if len(loaders) != geometry.num_layers:
             raise RuntimeError(f"Chunk Cache pool sized for {geometry.num_layers} attention layers, "
-                               f"the model has {len(layer_names)}")
+                               f"the model has {len(loaders)}")
         self.geometry = geometry
-        self.layer_index = {name: i for i, name in enumerate(layer_names)}
         self.loaders = loaders
+        self.readers = readers
         self.kv = torch.zeros((geometry.num_layers, 2, geometry.num_rows, geometry.num_kv_heads,
                                geometry.head_size), dtype=geometry.dtype, device=device)
 
-    def store(self, layer_name: str, key: torch.Tensor, value: torch.Tensor,
-              src: torch.Tensor, rows: torch.Tensor) -> None:
-        """Copy tokens `src` of this step's post-RoPE `key`/`value` into pool `rows`."""
-        layer = self.kv[self.layer_index[layer_name]]
-        layer[0].index_copy_(0, rows, key.index_select(0, src).to(layer.dtype))
-        layer[1].index_copy_(0, rows, value.index_select(0, src).to(layer.dtype))
+    def save(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Copy paged-cache `slots` (post-RoPE K/V, every layer) into pool `rows`."""
+        for layer, read in zip(self.kv, self.readers, strict=True):
+            key, value = read(slots)
+            layer[0].index_copy_(0, rows, key)
+            layer[1].index_copy_(0, rows, value)
 
     def load(self, rows: torch.Tensor, slots: torch.Tensor, rotation: Rotation | None = None) -> None:
         """Write pool `rows` into paged-cache `slots`, every layer, keys moved by `rotation`."""
