@@ -1,4 +1,4 @@
-"""Position-free content keys of SYS and of each chunk (DESIGN §2, cache keys).
+"""Position-free content keys of SYS and of each chunk (`docs/design.md`, Semantics: cache keys).
 
 `sys_key = H(namespace, model, dtypes, LoRA, cache_salt, SYS ids)` and
 `chunk_key_i = H(sys_key, C_i ids)`: the entry of C_i is its KV computed after SYS, so the

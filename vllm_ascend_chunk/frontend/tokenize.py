@@ -1,7 +1,7 @@
 """Renderer hooks: per-part tokenization of chunked text, and span checks.
 
 Called from vLLM's `BaseRenderer._tokenize_singleton_prompt[_async]` (patch
-`vllm.renderers.base`). Contract (DESIGN §2): SYSTEM is tokenized as vLLM tokenizes a whole
+`vllm.renderers.base`). Contract (`docs/design.md`, Semantics): SYSTEM is tokenized as vLLM tokenizes a whole
 prompt of that request (BOS with it when the request adds special tokens); each chunk and the
 QUESTION with `add_special_tokens=False`; the delimiter text produces no tokens.
 
