@@ -147,6 +147,23 @@ def test_legacy_engine_add_request_path(tiny_llama_llm, raw_tok, scheduled_reque
     assert scheduled_requests[0].chunk_cache.chunk_lens == lens[1:-1]
 
 
+def test_legacy_engine_add_request_token_prompt_keeps_its_spans(tiny_llama_llm, raw_tok, scheduled_requests):
+    """`LLMEngine.add_request` with a token-id prompt and `chunk_spans`: checked and carried, not
+    silently served as an ordinary prompt."""
+    engine = tiny_llama_llm.llm_engine
+    ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
+    spans = {"sys_len": lens[0], "chunk_lens": lens[1:-1]}
+    engine.add_request("legacy-ids", {"prompt_token_ids": ids, "chunk_spans": spans}, greedy(1))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert scheduled_requests[0].prompt_token_ids == ids
+    assert scheduled_requests[0].chunk_cache.chunk_lens == lens[1:-1]
+    with pytest.raises(ChunkPromptError, match="question would be empty"):
+        engine.add_request("legacy-bad", {"prompt_token_ids": ids,
+                                          "chunk_spans": {"sys_len": len(ids), "chunk_lens": []}}, greedy(1))
+    assert tiny_llama_llm.generate(["still serving"], greedy(1))[0].outputs[0].token_ids
+
+
 def test_a_document_with_no_tokens_is_dropped():
     """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
     from types import SimpleNamespace

@@ -127,3 +127,14 @@ def carry_spans(prompt: Mapping[str, Any], engine_input: dict[str, Any]) -> None
     """Copy the spans from the tokenized prompt into vLLM's engine input dict."""
     if (spans := prompt.get(SPANS_KEY)) is not None:
         engine_input[SPANS_KEY] = spans
+
+
+def carry_token_spans(prompt: Mapping[str, Any], engine_input: dict[str, Any], renderer,
+                      tokenization_kwargs: dict[str, Any] | None) -> None:
+    """Legacy `InputPreprocessor` path of a token-id prompt: its explicit spans, checked against
+    the ids that remain after truncation as the renderer path checks them, into the engine input."""
+    if SPANS_KEY not in prompt:
+        return
+    params = renderer.default_cmpl_tok_params.with_kwargs(**(tokenization_kwargs or {}))
+    final = {**prompt, "prompt_token_ids": engine_input["prompt_token_ids"]}
+    carry_spans(check_spans(final, params, renderer.config), engine_input)
