@@ -70,6 +70,7 @@ CONFIGS: dict[str, dict] = {
 }
 CHUNK_HITS, CHUNK_MISSES = "vllm:chunk_cache_hits_total", "vllm:chunk_cache_misses_total"
 PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+ITL_SUM, ITL_COUNT = "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"
 TARGETS = {  # name: (what, limit, "min" = ratio must be at least limit / "max" = at most)
     "warm_speedup": ("fully warm 8-doc TTFT p50: no caching / chunk cache", 15.0, "min"),
     "cold_overhead": ("cold 8-doc TTFT p50: chunk cache / no caching", 1.2, "max"),
@@ -254,10 +255,27 @@ def itl_prompts(args) -> tuple[rag_workload.RagWorkload, list[tuple[str, str]]]:
     return w, out
 
 
+def server_itl(server: VllmServer, before: dict[str, float], tokens: int | None,
+               timeout: float = 3.0) -> float | None:
+    """Mean inter-token latency of the request just finished, from vLLM's own histogram
+    `vllm:inter_token_latency_seconds` (engine-core timestamps of consecutive tokens, so a slow
+    API process or client does not bunch them): its sum/count moved by this request alone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = server.metrics()
+        count = now.get(ITL_COUNT, 0.0) - before.get(ITL_COUNT, 0.0)
+        if ITL_COUNT not in now or (tokens and count >= tokens - 1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    return (now[ITL_SUM] - before.get(ITL_SUM, 0.0)) / count if ITL_COUNT in now and count > 0 else None
+
+
 def run_itl(args, log_dir: Path) -> dict:
     """Decode cost: the chunk-off (`prefix`) and chunk-on (`chunk`) servers both up, taking turns
     on the same prompts (which goes first alternates), so drifting load on the cores falls on both
-    alike. `args.itl_tokens` streamed tokens per request, ignore_eos."""
+    alike. `args.itl_tokens` streamed tokens per request, ignore_eos. ITL per request: vLLM's own
+    inter-token latency histogram (engine-core timestamps), and as the client saw it (the mean
+    gap between streamed token events after the first)."""
     _, prompts = itl_prompts(args)
     servers = {}
     result: dict = {"tokens": args.itl_tokens, "docs": args.itl_docs, "rounds": args.itl, "servers": {},
@@ -278,13 +296,17 @@ def run_itl(args, log_dir: Path) -> dict:
         for i, (kind, prompt) in enumerate(prompts):
             order = ("prefix", "chunk") if i % 4 < 2 else ("chunk", "prefix")
             for config in order:
+                before = servers[config].metrics()
                 r = ttft_request(clients[config], args.served_name, prompt, args.itl_tokens, ignore_eos=True)
+                itl = server_itl(servers[config], before, r["completion_tokens"])
                 sample = {"index": i, "kind": kind, "config": config, "ttft_ms": 1000 * r["ttft_s"],
-                          "itl_ms": 1000 * r["itl_s"] if r["itl_s"] is not None else None,
+                          "itl_ms": 1000 * itl if itl is not None else None,
+                          "client_itl_ms": 1000 * r["itl_s"] if r["itl_s"] is not None else None,
                           "completion_tokens": r["completion_tokens"], "prompt_tokens": r["prompt_tokens"]}
                 result["samples"].append(sample)
                 print(f"[itl] {i:>3} {kind:<8} {config:<6} {sample['prompt_tokens']:>5} tok  "
-                      f"TTFT {sample['ttft_ms']:7.1f} ms  ITL {fmt(sample['itl_ms'], '.2f')} ms", flush=True)
+                      f"TTFT {sample['ttft_ms']:7.1f} ms  ITL {fmt(sample['itl_ms'], '.2f')} ms "
+                      f"(client {fmt(sample['client_itl_ms'], '.2f')} ms)", flush=True)
         final = {c: s.metrics() for c, s in servers.items()}
         result["chunk_hits"] = final["chunk"].get(CHUNK_HITS)
     finally:
@@ -293,9 +315,10 @@ def run_itl(args, log_dir: Path) -> dict:
     summary = {}
     for kind in ("ordinary", "chunked"):
         for config in ("prefix", "chunk"):
-            values = [s["itl_ms"] for s in result["samples"]
-                      if s["kind"] == kind and s["config"] == config and s["itl_ms"] is not None]
-            summary[f"{kind}_{config}"] = stats(values)
+            picked = [s for s in result["samples"] if s["kind"] == kind and s["config"] == config]
+            summary[f"{kind}_{config}"] = stats([s["itl_ms"] for s in picked if s["itl_ms"] is not None])
+            summary[f"{kind}_{config}_client"] = stats([s["client_itl_ms"] for s in picked
+                                                        if s["client_itl_ms"] is not None])
         off, on = summary[f"{kind}_prefix"], summary[f"{kind}_chunk"]
         # Per-round ratios too: each pair ran back to back, so their median is robust to drift.
         pairs = [(a["itl_ms"], b["itl_ms"]) for a in result["samples"] for b in result["samples"]
@@ -305,6 +328,9 @@ def run_itl(args, log_dir: Path) -> dict:
         summary[f"{kind}_overhead_p50"] = on["p50"] / off["p50"] - 1 if on["n"] and off["n"] else None
         summary[f"{kind}_overhead_paired_median"] = (statistics.median(b / a for a, b in pairs) - 1
                                                      if pairs else None)
+        c_off, c_on = summary[f"{kind}_prefix_client"], summary[f"{kind}_chunk_client"]
+        summary[f"{kind}_overhead_client_mean"] = (c_on["mean"] / c_off["mean"] - 1
+                                                   if c_on["n"] and c_off["n"] else None)
     result["summary"] = summary
     return result
 
@@ -609,14 +635,18 @@ def print_summary(report: dict) -> None:
                       f"{fmt(c['chunk_hit_rate'], '.0%')}")
     itl = report.get("itl", {}).get("summary")
     if itl:
-        print("\nInter-token latency (ms; mean / p50 over requests), chunk cache off (prefix) / on (chunk)")
+        print("\nInter-token latency (ms; vLLM's histogram, mean / p50 over requests), chunk cache off "
+              "(prefix) / on (chunk)")
         for kind in ("ordinary", "chunked"):
             off, on = itl[f"{kind}_prefix"], itl[f"{kind}_chunk"]
             print(f"  {kind:<9} off {fmt(off['mean'], '.2f')} / {fmt(off['p50'], '.2f')}   on "
                   f"{fmt(on['mean'], '.2f')} / {fmt(on['p50'], '.2f')}   overhead mean "
                   f"{fmt(itl[f'{kind}_overhead_mean'], '+.1%')}, "
                   f"p50 {fmt(itl[f'{kind}_overhead_p50'], '+.1%')}, "
-                  f"paired median {fmt(itl[f'{kind}_overhead_paired_median'], '+.1%')}")
+                  f"paired median {fmt(itl[f'{kind}_overhead_paired_median'], '+.1%')}; as the client saw "
+                  f"it {fmt(itl[f'{kind}_prefix_client']['mean'], '.2f')} / "
+                  f"{fmt(itl[f'{kind}_chunk_client']['mean'], '.2f')} "
+                  f"({fmt(itl[f'{kind}_overhead_client_mean'], '+.1%')})")
     print("\nTTFT (ms) vs documents per request (p50; cold = first time, warm = same documents reordered)")
     names = [n for n, r in report["configs"].items() if "summary" in r]
     print(f"{'docs':>4} " + " ".join(f"{n + ' cold':>14} {n + ' warm':>14}" for n in names))
