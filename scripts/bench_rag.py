@@ -92,8 +92,13 @@ def server_env(config: str, args, kv_space_gb: int | None = None,
                pool_gb: float | None = None) -> dict[str, str]:
     # VLLM_CPU_KVCACHE_SPACE is the CPU engine's KV budget; a GPU engine ignores it and sizes its
     # cache by --gpu-memory-utilization (pass it with --server-arg).
+    # VLLM_CPU_NUM_OF_RESERVED_CPU: vLLM's CPU worker keeps one core more out of its OpenMP set
+    # when a KV connector is configured (`ompmultiprocessing.py`, meant for NIXL), and the chunk
+    # cache is one: left alone, on 2 cores the chunk-on server computes on 2 OpenMP threads and
+    # the others on 1. The same count for every configuration keeps the comparison fair.
     return {"VLLM_ENABLE_CHUNK_CACHE": "true" if CONFIGS[config]["chunk_cache"] else "false",
             "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gb if kv_space_gb is not None else args.kv_space_gb),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.cpu_reserved_cores),
             "VLLM_CHUNK_CACHE_SIZE_GB": str(pool_gb if pool_gb is not None else args.pool_gb)}
 
 
@@ -724,6 +729,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-model-len", type=int, help="default 8192 (--long 40960)")
     ap.add_argument("--kv-space-gb", type=int, default=4,
                     help="VLLM_CPU_KVCACHE_SPACE, whole GiB (CPU only)")
+    ap.add_argument("--cpu-reserved-cores", type=int, default=1,
+                    help="VLLM_CPU_NUM_OF_RESERVED_CPU of every server (CPU only; the same for all "
+                         "configurations, see server_env)")
     ap.add_argument("--pool-gb", type=float, help="VLLM_CHUNK_CACHE_SIZE_GB (default 1, --long 1.5)")
     ap.add_argument("--server-arg", action="append",
                     help="one more argument for every `vllm serve` (repeat; e.g. "
