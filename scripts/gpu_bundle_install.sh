@@ -11,7 +11,8 @@
 # `pip install --no-index --no-deps` puts into VENV only the bundled wheels whose distribution is
 # missing there or fails a version requirement of vLLM or of another bundled wheel.
 # A second run reinstalls nothing that is already there. Exit status 0 when `import vllm` works,
-# the patch series is applied and CUDA is visible to torch.
+# the patch series is applied and CUDA is visible to torch. BUNDLE_DRY_RUN=1: check, unpack and
+# list the wheels it would install, then stop.
 set -euo pipefail
 
 parts=${1:?usage: gpu_bundle_install.sh PARTS_DIR [VENV]}
@@ -48,12 +49,17 @@ printf '%s\n' $base_site >"$venv_site/_base_environment.pth"
 # The wheels to install: a distribution is taken from the base environment when it is there and
 # satisfies every requirement on it (vLLM's and the bundled wheels' Requires-Dist).
 mapfile -t wanted < <("$venv/bin/python" - "$work/stage/wheels" <<'PY'
-import re, sys, zipfile
+import sys, zipfile
 from importlib import metadata
 from pathlib import Path
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+    from packaging.version import Version
+except ImportError:  # pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
+    from pip._vendor.packaging.version import Version
 
 wheels = {}
 for w in sorted(Path(sys.argv[1]).glob("*.whl")):
@@ -80,6 +86,11 @@ for name, (w, version) in wheels.items():
             print(w)
 PY
 )
+if [ -n "${BUNDLE_DRY_RUN:-}" ]; then
+  echo "bundle: would install ${#wanted[@]} wheels into $venv:"
+  printf '  %s\n' "${wanted[@]##*/}"
+  exit 0
+fi
 if [ "${#wanted[@]}" -gt 0 ]; then
   echo "bundle: installing ${#wanted[@]} wheels into $venv"
   "$venv/bin/python" -m pip install --quiet --no-index --no-deps --no-warn-conflicts "${wanted[@]}"
