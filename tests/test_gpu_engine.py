@@ -13,7 +13,8 @@ of K/V the engine computed itself, so the chunk path may add no error of its own
 covers the longer contexts of the chunked prompts. Tokens must be equal, except that after a step
 where the reference's top-1/top-2 log-probability gap is below `2 * tol` (a near-tie that bf16
 noise may flip) the rest of that answer is not compared. `delta` itself must stay below 0.25.
-The numbers go to `$CHUNK_CACHE_GPU_REPORT` (JSON) when it is set.
+The numbers go to `$CHUNK_CACHE_GPU_REPORT` (JSON) when it is set. `CHUNK_CACHE_GPU_ATTENTION_BACKEND`
+(e.g. `TRITON_ATTN`) overrides vLLM's choice of attention backend (FlashAttention 3 on Hopper in bf16).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ pytestmark = [pytest.mark.cuda,
 DTYPE = "float32" if ON_CPU else "bfloat16"
 # Small engines: a 4096-token context, a little of the GPU's memory (the pool is carved out of it).
 ENGINE = {"max_model_len": 4096} if ON_CPU else {"max_model_len": 4096, "gpu_memory_utilization": 0.25}
+if backend := os.environ.get("CHUNK_CACHE_GPU_ATTENTION_BACKEND"):  # e.g. TRITON_ATTN
+    ENGINE["attention_config"] = {"backend": backend}
 ENV = {"VLLM_CHUNK_CACHE_SIZE_GB": "0.25"}
 REPORT = os.environ.get("CHUNK_CACHE_GPU_REPORT")
 
