@@ -13,6 +13,9 @@
 #   scripts/gpu_session.sh bench-long # bench_rag --long (1/8/32 x 1,024) -> rag_h100_long.json/png
 #   scripts/gpu_session.sh all        # install, test, bench, bench-long (a machine with no limit)
 #
+# The tiny models have head_dim 32, which FlashAttention 3 runs through its 64 kernels; should it
+# refuse them, `CHUNK_CACHE_GPU_ATTENTION_BACKEND=TRITON_ATTN scripts/gpu_session.sh test`.
+#
 # Before: `python scripts/gpu_bundle.py build` on a machine with the pip registry writes
 # .gpu-bundle/parts/vllm-cuda-bundle.tar.xz.NN (<= 60 MiB each) and SHA256SUMS. Carry one part
 # (plus SHA256SUMS) per call and run `receive` in each; the machine keeps its files only while it
