@@ -14,6 +14,10 @@ Models written under DIR (default: `$CHUNK_CACHE_MODELS_DIR` or `<repo>/.models`
   tiny-llama3  as tiny-llama, with Llama3 rope scaling (the sequential layout's rotary tests)
   (head_dim 32: the smallest the vLLM CPU attention supports)
   bench-llama  Llama, 6 layers, 512 wide (benchmarks and the demo)
+
+On request only (`--only bench-llama-1b`; 2 GB, for GPU benchmarks, not written by set-up):
+  bench-llama-1b  Llama, 16 layers, 2048 wide, GQA 16/8, head_dim 128 (1.0 B parameters),
+                  bfloat16 weights, 65,536 positions, rope_theta 500,000
 """
 
 from __future__ import annotations
@@ -67,6 +71,14 @@ MODELS: dict[str, dict] = {
     ),
 }
 MAX_POSITIONS = 16384
+# Written only when named with --only: too large for every set-up.
+LARGE_MODELS: dict[str, dict] = {
+    "bench-llama-1b": dict(
+        arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=8, seed=5, dtype="bfloat16",
+        max_positions=65536, rope_theta=500000.0,
+    ),
+}
 
 
 def synthetic_corpus(seed: int = 0, n_lines: int = 6000) -> list[str]:
@@ -145,15 +157,15 @@ def hf_config(spec: dict, tok) -> dict:
         "num_key_value_heads": spec["num_key_value_heads"],
         "head_dim": spec["hidden_size"] // spec["num_attention_heads"],
         "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": spec.get("max_positions", MAX_POSITIONS),
         "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
+        "rope_theta": spec.get("rope_theta", 10000.0),
         "rope_scaling": spec.get("rope_scaling"),
         "tie_word_embeddings": False,
         "bos_token_id": tok.token_to_id(BOS),
         "eos_token_id": tok.token_to_id(EOS),
         "pad_token_id": tok.token_to_id(PAD),
-        "torch_dtype": "float32",
+        "torch_dtype": spec.get("dtype", "float32"),
         "use_cache": True,
     }
     if spec["arch"] == "llama":
@@ -206,6 +218,7 @@ def make_weights(spec: dict, vocab: int):
     import torch
 
     gen = torch.Generator().manual_seed(spec["seed"])
+    dtype = getattr(torch, spec.get("dtype", "float32"))
     tensors = {}
     for name, shape in parameter_shapes(spec, vocab).items():
         if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
@@ -213,7 +226,7 @@ def make_weights(spec: dict, vocab: int):
         else:
             t = init_std(name, shape, spec["hidden_size"]) * torch.randn(
                 shape, generator=gen, dtype=torch.float32)
-        tensors[name] = t.contiguous()
+        tensors[name] = t.to(dtype).contiguous()  # drawn in float32 (the same numbers), stored as dtype
     return tensors
 
 
@@ -269,7 +282,8 @@ def logit_gap_report(model_dir: Path, n_seqs: int = 16, seq_len: int = 64) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--only", nargs="*", choices=sorted(MODELS), help="models to write (default: all)")
+    ap.add_argument("--only", nargs="*", choices=sorted(MODELS | LARGE_MODELS),
+                    help="models to write (default: all but " + ", ".join(LARGE_MODELS) + ")")
     ap.add_argument("--force", action="store_true", help="regenerate even if up to date")
     ap.add_argument("--report", action="store_true", help="print the top-1/top-2 logit gap distribution")
     args = ap.parse_args(argv)
@@ -280,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = build_tokenizer() if todo else None
     for name in names:
         if name in todo:
-            write_model(name, MODELS[name], tok, args.out)
+            write_model(name, (MODELS | LARGE_MODELS)[name], tok, args.out)
             print(f"wrote {args.out / name}  sha256={digest(args.out / name)[:16]}")
         else:
             print(f"up to date: {args.out / name}")

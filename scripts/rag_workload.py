@@ -90,6 +90,26 @@ class RagWorkload:
                        question(req.question_seed, self.question_tokens))
 
 
+def zipf_stream(rng: random.Random, n_requests: int, *, corpus_size: int = 48,
+                docs_per_request: tuple[int, ...] = (4, 5, 6, 7, 8), zipf_s: float = 1.0,
+                question_seeds=None, phase: str = "stream", seen: set[int] | None = None
+                ) -> list[RagRequest]:
+    """`n_requests` requests of `docs_per_request` documents (chosen per request) drawn from a
+    corpus of `corpus_size` (seeds from STREAM_SEEDS) with Zipf(`zipf_s`) popularity, each set in
+    shuffled order. Labels: "cold" (no document seen before in `seen`), "warm" (all seen), ""."""
+    q = iter(question_seeds) if question_seeds is not None else iter(range(1_000_000))
+    seen = set() if seen is None else seen
+    out = []
+    for _ in range(n_requests):
+        k = rng.choice(docs_per_request)
+        docs = [STREAM_SEEDS + i for i in zipf_sample(rng, corpus_size, k, zipf_s)]
+        rng.shuffle(docs)
+        label = "cold" if seen.isdisjoint(docs) else "warm" if seen.issuperset(docs) else ""
+        seen.update(docs)
+        out.append(RagRequest(phase, docs, next(q), label))
+    return out
+
+
 # Disjoint seed ranges per phase, so a phase's "cold" documents were never seen before.
 WARMUP_SEEDS, SWEEP_SEEDS, COLD_SEEDS, STREAM_SEEDS, SHUFFLED_SEEDS = (
     100_000, 200_000, 300_000, 400_000, 500_000)
@@ -134,14 +154,9 @@ def build_workload(*, seed: int = 0, doc_tokens: int = 512, question_tokens: int
     for i in range(cold_requests):
         add(RagRequest("cold", [COLD_SEEDS + cold_docs * i + j for j in range(cold_docs)], next(q), "cold"))
 
-    seen: set[int] = set()
-    for _ in range(stream_requests):
-        k = rng.choice(docs_per_request)
-        docs = [STREAM_SEEDS + i for i in zipf_sample(rng, corpus_size, k, zipf_s)]
-        rng.shuffle(docs)
-        label = "cold" if seen.isdisjoint(docs) else "warm" if seen.issuperset(docs) else ""
-        seen.update(docs)
-        add(RagRequest("stream", docs, next(q), label))
+    for req in zipf_stream(rng, stream_requests, corpus_size=corpus_size,
+                           docs_per_request=docs_per_request, zipf_s=zipf_s, question_seeds=q):
+        add(req)
 
     sets = [reorderings([SHUFFLED_SEEDS + shuffled_docs * s + j for j in range(shuffled_docs)],
                         1 + shuffled_repeats, rng) for s in range(shuffled_sets)]

@@ -2,10 +2,15 @@
 
     python tests/engine_runner.py SPEC_JSON
 
-SPEC: {"model": dir, "engine": {LLM kwargs}, "rounds": [{"prompts": [...], "max_tokens": n,
-       "batch": bool (one generate call), "abort": bool (abort them mid-way)}, ...]}.
+SPEC: {"model": dir, "dtype": "float32" (default) | "bfloat16", "engine": {LLM kwargs},
+       "rounds": [{"prompts": [...], "max_tokens": n, "batch": bool (one generate call),
+                   "abort": bool (abort them mid-way),
+                   "late": [...], "late_after": k (the prompts first; after k engine steps the
+                   `late` ones join the running batch)}, ...]}.
+A prompt is text or a token-id prompt {"prompt_token_ids": [...], "chunk_spans": {...}}.
 Output line `RESULT {...}`: per round the prompt ids, generated ids and logprobs (or the error
-text) of every prompt, and the chunk cache state after each round.
+text) of every prompt, the chunk cache state after each round, and the engine's execution mode
+(scheduler class, CUDA graph mode, attention backend).
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so its state is visible.
 """
 
@@ -54,6 +59,48 @@ def run_batch(llm, prompts, params) -> list[dict]:
                                                        strict=True)]} for o in outs]
 
 
+def run_staggered(llm, prompts, late, late_after: int, params) -> list[dict]:
+    """`prompts` start; after `late_after` engine steps `late` join the running batch (their
+    chunk prefills then share steps with decodes). Results in the order prompts + late."""
+    engine = llm.llm_engine
+    ids = [f"early-{i}" for i in range(len(prompts))] + [f"late-{i}" for i in range(len(late))]
+    outs = {}
+
+    def step():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+
+    for rid, prompt in zip(ids, prompts, strict=False):
+        engine.add_request(rid, prompt, params)
+    for _ in range(late_after):
+        step()
+    for rid, prompt in zip(ids[len(prompts):], late, strict=True):
+        engine.add_request(rid, prompt, params)
+    while engine.has_unfinished_requests():
+        step()
+    return [{"prompt_ids": outs[r].prompt_token_ids, "tokens": list(outs[r].outputs[0].token_ids),
+             "logprobs": [s[t].logprob for s, t in zip(outs[r].outputs[0].logprobs,
+                                                      outs[r].outputs[0].token_ids, strict=True)]}
+            for r in ids]
+
+
+def engine_info(llm) -> dict:
+    config = llm.llm_engine.vllm_config
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    info = {"scheduler": type(scheduler).__name__, "dtype": str(config.model_config.dtype),
+            "async_scheduling": bool(config.scheduler_config.async_scheduling),
+            "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+            "enforce_eager": bool(config.model_config.enforce_eager)}
+    try:
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        info["attention_backends"] = sorted({g.backend.get_name() for groups in runner.attn_groups
+                                             for g in groups})
+    except AttributeError:
+        pass
+    return info
+
+
 def abort_midway(llm, prompts, params) -> None:
     """Add requests, step the engine a little, then abort them all."""
     engine = llm.llm_engine
@@ -73,18 +120,21 @@ def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    llm = LLM(spec["model"], dtype="float32", seed=0, **spec.get("engine", {}))
+    llm = LLM(spec["model"], dtype=spec.get("dtype", "float32"), seed=0, **spec.get("engine", {}))
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     preemptions = []
     preempt = scheduler._preempt_request
     scheduler._preempt_request = lambda *a, **k: (preemptions.append(1), preempt(*a, **k))[1]
-    result = {"rounds": [], "states": []}
+    result = {"rounds": [], "states": [], "engine": engine_info(llm)}
     for rnd in spec["rounds"]:
         params = SamplingParams(max_tokens=rnd.get("max_tokens", 8), temperature=0.0, logprobs=1,
                                 ignore_eos=True)
         if rnd.get("abort"):
             abort_midway(llm, rnd["prompts"], params)
             result["rounds"].append([])
+        elif rnd.get("late"):
+            result["rounds"].append(run_staggered(llm, rnd["prompts"], rnd["late"], rnd.get("late_after", 4),
+                                                  params))
         elif rnd.get("batch"):
             result["rounds"].append(run_batch(llm, rnd["prompts"], params))
         else:

@@ -25,6 +25,8 @@ class Reference:
     tokens: list[int]
     logprobs: list[float] = field(default_factory=list)
     """Log-probability of each greedy token."""
+    gaps: list[float] = field(default_factory=list)
+    """Top-1 minus top-2 log-probability at each step (how far greedy is from a tie)."""
 
 
 def segment_ids(sys_len: int, chunk_lens: list[int], total: int) -> torch.Tensor:
@@ -79,9 +81,11 @@ def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None
             position_ids=position_ids(sys_len, chunk_lens, n, layout),
         ).logits[0, -1].float()
         logprobs = torch.log_softmax(logits, dim=-1)
+        top2 = logprobs.topk(2).values
         token = int(logprobs.argmax())
         out.tokens.append(token)
         out.logprobs.append(float(logprobs[token]))
+        out.gaps.append(float(top2[0] - top2[1]))
         ids.append(token)
     return out
 
@@ -120,9 +124,11 @@ def greedy_sequential(model, prompt: list[int], max_tokens: int, sys_len: int,
         logits = model(input_ids=torch.tensor([ids]), position_ids=positions, past_key_values=cache,
                        use_cache=True).logits[0, -1].float()
         logprobs = torch.log_softmax(logits, dim=-1)
+        top2 = logprobs.topk(2).values
         token = int(logprobs.argmax())
         out.tokens.append(token)
         out.logprobs.append(float(logprobs[token]))
+        out.gaps.append(float(top2[0] - top2[1]))
         offset += len(ids)
         ids = [token]
     return out

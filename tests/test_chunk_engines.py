@@ -17,8 +17,9 @@ RUNNER = Path(__file__).with_name("engine_runner.py")
 
 
 def run_engine(model_dir: Path, rounds: list[dict], engine: dict | None = None,
-               env: dict | None = None) -> dict:
-    spec = {"model": str(model_dir), "engine": {"max_model_len": 4096, **(engine or {})}, "rounds": rounds}
+               env: dict | None = None, dtype: str = "float32") -> dict:
+    spec = {"model": str(model_dir), "dtype": dtype, "engine": {"max_model_len": 4096, **(engine or {})},
+            "rounds": rounds}
     run = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], capture_output=True, text=True,
                          env={**os.environ, **(env or {})}, timeout=900)
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
