@@ -165,21 +165,37 @@ def plot(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for name, cfg in result["configs"].items():
-        s = cfg["summary"]
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    xs, lines = [], []
+    for i, (name, cfg) in enumerate(result["configs"].items()):
+        s, colour = cfg["summary"], f"C{i}"
         x = s["ttft_ms_p50"]
-        ax.scatter([x], [s["f1"]], marker="o", s=60, label=f"{name}: F1")
-        ax.scatter([x], [s["agree"]], marker="^", s=60, facecolors="none", edgecolors="black")
-        ax.annotate(f"{name}\nF1 {s['f1']:.2f}, agree {s['agree']:.2f}, KL {s['kl']:.2f}", (x, s["f1"]),
-                    textcoords="offset points", xytext=(6, 6), fontsize=8)
+        xs.append(x)
+        ax.scatter([x], [s["f1"]], marker="o", s=60, color=colour)
+        ax.scatter([x], [s["contains"]], marker="s", s=50, facecolors="none", edgecolors=colour)
+        ax.scatter([x], [s["agree"]], marker="^", s=60, facecolors="none", edgecolors=colour)
+        ax.annotate(name, (x, s["f1"]), textcoords="offset points", xytext=(8, -12 - 10 * (i % 2)),
+                    fontsize=8, color=colour)
+        lines.append(f"{name:>10s}  F1 {s['f1']:.2f}  in {s['contains']:.2f}  agree {s['agree']:.2f}  "
+                     f"KL {s['kl']:.2f}  TTFT {x:,.0f} ms")
     ax.set_xscale("log")
-    ax.set_xlabel("warm TTFT p50 (ms, log)")
-    ax.set_ylabel("F1 (dots); agreement with full attention (triangles)")
-    ax.set_ylim(-0.05, 1.1)
+    ax.set_xlim(min(xs) / 2, max(xs) * 4)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("warm TTFT p50 (ms, log scale)")
+    ax.set_ylabel("score")
+    ax.set_ylim(-0.05, 1.35)
+    ax.scatter([], [], marker="o", color="grey", label="F1")
+    ax.scatter([], [], marker="s", facecolors="none", edgecolors="grey", label="gold in answer")
+    ax.scatter([], [], marker="^", facecolors="none", edgecolors="grey", label="agreement with full")
+    ax.legend(loc="center right", fontsize=8)
+    ax.text(0.01, 0.99, "\n".join(lines), transform=ax.transAxes, va="top", ha="left", fontsize=7,
+            family="monospace", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
     n = next(iter(result["configs"].values()))["summary"]["n"]
-    ax.set_title(f"{result['dataset']}: {Path(result['model']).name}, {n} questions", fontsize=10)
+    ax.set_title(f"{result['dataset']}: {Path(result['model']).name}, {n} questions, "
+                 f"~{result['prompt_tokens_mean']:.0f} prompt tokens", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
