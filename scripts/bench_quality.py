@@ -215,6 +215,10 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OpenMP threads of each engine, unbound (0: vLLM's default core binding). On a "
+                         "2-core machine shared with other jobs, bound spinning threads made decoding "
+                         "up to 50x slower")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rescore", action="store_true",
                     help="score and plot an existing --out JSON again (no engine; same question options)")
@@ -265,6 +269,8 @@ def main() -> None:
             spec_path.write_text(json.dumps(spec))
             env = {**os.environ, **CONFIGS[name]["env"]}
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            if args.threads:  # no core binding, N OpenMP threads (see --threads)
+                env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(args.threads))
             env.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", "0.5")
             t0 = time.time()
             subprocess.run([sys.executable, __file__, "--out", str(args.out), "--worker", str(spec_path),

@@ -109,10 +109,11 @@ def main() -> None:
         deviation = {}
         for config in args.configs:
             layout, mode = config.split("/")
-            if mode.startswith("blend") and layout not in deviation:
+            if "blend" in mode and layout not in deviation:
                 deviation[layout] = hr.key_deviation(model, kv, full_keys, p.sys_len, p.chunk_lens, layout)
             compute = hr.recompute_set(mode, p.sys_len, p.chunk_lens, deviation.get(layout))
-            out = hr.run(model, p.ids, p.sys_len, p.chunk_lens, layout, compute, kv, args.max_tokens, eos)
+            out = hr.run(model, p.ids, p.sys_len, p.chunk_lens, layout, compute, kv, args.max_tokens, eos,
+                         defer=mode.startswith("defer-"))
             sample["configs"][config] = {
                 "answer": tok.decode(out.tokens, skip_special_tokens=True).strip(), "tokens": out.tokens,
                 "kl": hr.kl(full.first_logprobs, out.first_logprobs),

@@ -28,6 +28,11 @@ Candidate modes (`recompute_set`):
   attention's are computed (CacheBlend's selection with an oracle check layer: full attention's
   keys stand in for the check layer's fresh keys); not a suffix either.
 - `full`: every token computed, i.e. an ordinary causal prompt (the ceiling).
+- `defer-<mode>` (e.g. `defer-epic:16`, `defer-blend:0.15`): the same recompute set, *executed
+  after every loaded token*: the KV order becomes SYS, the loaded tokens in prompt order, the
+  computed tokens in prompt order, Q (positions unchanged). A computed token then attends to
+  every loaded token, including those at later positions, and to the computed tokens before it.
+  Any recompute set fits vLLM's scheduler this way (load, then compute a contiguous suffix).
 
 The loop runs the plan in order: maximal runs of loaded tokens are appended to an HF
 `DynamicCache`, maximal runs of computed tokens are one forward over that cache. Greedy decoding
@@ -109,6 +114,7 @@ def rotate(model, keys: torch.Tensor, delta: int) -> torch.Tensor:
 def recompute_set(mode: str, sys_len: int, chunk_lens: list[int],
                   deviation: torch.Tensor | None = None) -> set[int]:
     """Region offsets (0 = first token of C_1) computed rather than loaded, for `mode`."""
+    mode = mode.removeprefix("defer-")
     region = sum(chunk_lens)
     name, _, arg = mode.partition(":")
     if name == "plain":
@@ -135,8 +141,10 @@ def recompute_set(mode: str, sys_len: int, chunk_lens: list[int],
 
 @torch.no_grad()
 def run(model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: str, compute: set[int],
-        kv: ChunkKV, max_tokens: int = 16, eos: int | None = None) -> Outcome:
-    """Execute the plan (loaded/computed region tokens, then Q), then decode greedily."""
+        kv: ChunkKV, max_tokens: int = 16, eos: int | None = None, defer: bool = False) -> Outcome:
+    """Execute the plan (loaded/computed region tokens, then Q), then decode greedily.
+
+    `defer`: the computed tokens go after every loaded token (a contiguous suffix before Q)."""
     starts, q_start = layout_starts(sys_len, chunk_lens, layout)
     # Per region token: (prompt index, position, chunk, offset in chunk, computed?)
     tokens = []
@@ -145,6 +153,8 @@ def run(model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: s
         for j in range(n):
             tokens.append((sys_len + at + j, starts[i] + j, i, j, (at + j) in compute))
         at += n
+    if defer:
+        tokens = [t for t in tokens if not t[4]] + [t for t in tokens if t[4]]
     cache = _cache_from([(k.clone(), v.clone()) for k, v in kv.sys])
     logits = None
     r = 0

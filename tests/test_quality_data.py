@@ -162,6 +162,21 @@ def test_plans_that_compute_everything_but_the_first_chunk_equal_full_attention(
     assert hr.kl(full.first_logprobs, out.first_logprobs) < 1e-6
 
 
+def test_deferred_plans(tiny):
+    """Deferring nothing changes nothing; deferring the whole region computes it in prompt order."""
+    import hf_recovery as hr
+
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+
+    def run(compute, defer):
+        return hr.run(tiny, PROMPT, SYS, LENS, "sequential", compute, kv, 6, defer=defer).tokens
+
+    assert run(set(), True) == run(set(), False)
+    full, _ = hr.run_full(tiny, PROMPT, max_tokens=6)
+    assert run(hr.recompute_set("defer-full", SYS, LENS), True) == full.tokens
+    assert hr.recompute_set("defer-epic:3", SYS, LENS) == hr.recompute_set("epic:3", SYS, LENS)
+
+
 def test_recompute_sets():
     import hf_recovery as hr
 
