@@ -293,7 +293,10 @@ def finish(result: dict, items: list[qd.QAItem], tokenizer, out: Path) -> None:
         row["prime"] = None
     score(result, items, tokenizer)
     for row, item in zip(result["configs"]["full"]["rows"], items, strict=True):
-        row["gold"] = item.answers
+        if result["dataset"] == "synthetic":  # MuSiQue's text stays out of the results (qid only)
+            row["gold"] = item.answers
+        else:
+            row.pop("gold", None)
     out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out.with_suffix(".png"))
     print(f"{'config':12s} {'n':>4s} {'F1':>6s} {'EM':>6s} {'contains':>8s} {'agree':>6s} {'KL':>7s} "

@@ -102,8 +102,9 @@ def main() -> None:
         full, full_keys = hr.run_full(model, p.ids, args.max_tokens, eos)
         kv = hr.chunk_kv(model, p.ids, p.sys_len, p.chunk_lens)
         full_text = tok.decode(full.tokens, skip_special_tokens=True).strip()
-        sample = {"qid": item.qid, "question": item.question, "answers": item.answers,
-                  "prompt_tokens": len(p.ids), "sys_len": p.sys_len, "chunk_lens": p.chunk_lens,
+        text = {} if args.data else {"question": item.question, "answers": item.answers}  # no MuSiQue text
+        sample = {"qid": item.qid, **text, "prompt_tokens": len(p.ids), "sys_len": p.sys_len,
+                  "chunk_lens": p.chunk_lens,
                   "configs": {"full": {"answer": full_text, "tokens": full.tokens, "kl": 0.0, "agree": 1.0,
                                        "recompute": 1.0}}}
         deviation = {}
