@@ -47,7 +47,7 @@ receive() {
    done)
 }
 
-install() {
+do_install() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
   scripts/gpu_bundle_install.sh "$store" "$venv" 2>&1 | tee "$out/install.log"
   "$venv/bin/python" scripts/make_tiny_models.py --out "$models"
@@ -84,10 +84,10 @@ bench_long() {
 
 case "$step" in
   receive) receive ;;
-  install) install ;;
+  install) do_install ;;
   test) tests ;;
   bench) bench ;;
   bench-long) bench_long ;;
-  all) install; tests || true; bench; bench_long ;;
+  all) do_install; tests || true; bench; bench_long ;;
   *) echo "gpu_session: unknown step '$step'" >&2; exit 2 ;;
 esac

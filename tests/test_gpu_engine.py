@@ -86,10 +86,14 @@ def token_prompt(sys_ids: list[int], chunks: list[list[int]], q_ids: list[int]) 
 
 def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_reference.Reference:
     if isinstance(prompt, dict):
-        spans = prompt["chunk_spans"]
-        return hf_reference.greedy(model, prompt["prompt_token_ids"], max_tokens, sys_len=spans["sys_len"],
-                                   chunk_lens=spans["chunk_lens"], layout=layout)
-    return cc.reference(model, raw_tok, prompt, max_tokens, layout)[1]
+        ids, spans = prompt["prompt_token_ids"], prompt["chunk_spans"]
+        sys_len, chunk_lens = spans["sys_len"], spans["chunk_lens"]
+    else:
+        exp = cc.expected_structure(raw_tok, prompt)
+        ids, sys_len, chunk_lens = exp.token_ids, exp.sys_len, exp.chunk_lens
+    # An ordinary prompt (no documents) is plain causal decoding in either layout.
+    return hf_reference.greedy(model, ids, max_tokens, sys_len=sys_len, chunk_lens=chunk_lens,
+                               layout=layout if chunk_lens else "overlap")
 
 
 def check_engine(name: str, models_dir: Path, layout: str) -> None:
