@@ -30,7 +30,7 @@ question alone when every document is loaded; 1.0 for `full`).
     .venv/bin/python scripts/bench_quality.py --synthetic 100 --docs 5 --doc-tokens 150 \\
         --out benchmarks/quality_cpu_synthetic.json
     .venv/bin/python scripts/bench_quality.py --data /work/shared/data/musique_s.json --limit 20 \\
-        --docs 3 --doc-tokens 200 --out benchmarks/quality_cpu_musique.json
+        --docs 4 --doc-tokens 256 --out benchmarks/quality_cpu_musique.json
 
 Writes the JSON (settings, every sample of every configuration, summaries) and a PNG beside it
 (quality against warm TTFT, one point per configuration). `--model` defaults to SmolLM2-135M
