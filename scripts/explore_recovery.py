@@ -8,9 +8,15 @@ answer), the exact KL divergence of the first answer token's distribution from f
 (whole vocabulary), F1 / exact match / gold-contained against the gold answers, and the warm
 recompute fraction (prompt tokens computed / prompt tokens, when every document is cached).
 
-    .venv/bin/python scripts/explore_recovery.py --synthetic 100 --out benchmarks/recovery_hf_synthetic.json
-    .venv/bin/python scripts/explore_recovery.py --data /work/shared/data/musique_s.json --limit 20 \\
-        --docs 3 --doc-tokens 200 --out benchmarks/recovery_hf_musique.json
+    .venv/bin/python scripts/explore_recovery.py --synthetic 40 --docs 5 --doc-tokens 150 \\
+        --max-tokens 20 --out benchmarks/recovery_hf_synthetic.json
+    .venv/bin/python scripts/explore_recovery.py --data /work/shared/data/musique_s.json --limit 12 \\
+        --docs 4 --doc-tokens 256 --max-tokens 20 --configs overlap/plain sequential/plain \\
+        sequential/suffix:last sequential/epic:8 sequential/epic:32 sequential/defer-epic:32 \\
+        sequential/defer-blend:0.15 --out benchmarks/recovery_hf_musique.json
+
+`--configs` takes `layout/mode` (modes: `tests/hf_recovery.py`). The JSON is rewritten after
+every question.
 
 Prompts, question sets and scores: `scripts/quality_data.py`.
 """
