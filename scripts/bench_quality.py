@@ -9,12 +9,16 @@ Every configuration gets the same token ids, `SYS + C_1 + ... + C_n + Q`, in a f
 | `full`       | `VLLM_ENABLE_CHUNK_CACHE=false`, no prefix caching | the ids as one ordinary prompt |
 | `overlap`    | chunk cache on, `VLLM_CHUNK_CACHE_LAYOUT=overlap` | the ids with `chunk_spans` |
 | `sequential` | chunk cache on, `VLLM_CHUNK_CACHE_LAYOUT=sequential` | the ids with `chunk_spans` |
-| `sequential+last` | as `sequential` | spans without the last document: it is computed with Q |
+| `overlap+last` | as `overlap`, `VLLM_CHUNK_CACHE_RECOVERY=last` | the ids with `chunk_spans` |
+| `sequential+last` | as `sequential`, `VLLM_CHUNK_CACHE_RECOVERY=last` | the ids with `chunk_spans` |
+
+With `last` the engine computes the last document with the question instead of loading it.
 
 Per question, a chunk configuration first sends a *priming* request (the same SYSTEM and
-documents in reverse order, another question, 1 token), which computes and caches the
-documents; the *measured* request follows with the real question, its documents all cached (a
-warm request). `full` sends the measured request only (nothing is cached: prefix caching is off).
+documents in reverse order, another question, 1 token; with recovery off for it:
+`chunk_cache_recovery: none`), which computes and caches the documents; the *measured* request
+follows with the real question, its documents all cached (a warm request). `full` sends the
+measured request only (nothing is cached: prefix caching is off).
 
 **Prompt** (`scripts/quality_data.py`, from the model's chat template): SYS = the system turn and
 the opening of the user turn; each document `"Document: " + text + "\\n"`; the question part
@@ -65,12 +69,11 @@ CONFIGS: dict[str, dict] = {
                 "prefix_caching": True, "chunked": True},
     "sequential": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": "sequential"},
                    "prefix_caching": True, "chunked": True},
-    # The `suffix:last` recovery form without engine changes: the last document goes with the
-    # question (computed with full attention over the loaded documents, sequential positions).
-    "sequential+last": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": "sequential"},
-                        "prefix_caching": True, "chunked": True, "last_with_question": True},
+    **{f"{layout}+last": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": layout,
+                                  "VLLM_CHUNK_CACHE_RECOVERY": "last"},
+                          "prefix_caching": True, "chunked": True} for layout in ("overlap", "sequential")},
 }
-"""A recovery mode is one more entry: its environment, e.g. a `VLLM_CHUNK_CACHE_*` variable."""
+"""A recovery mode is one more entry: its environment (`VLLM_CHUNK_CACHE_RECOVERY`)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,15 +93,12 @@ def worker(spec_path: Path, out_path: Path) -> None:
               enforce_eager=spec["enforce_eager"])
     startup = time.time() - start
     measure = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, logprobs=TOP_K)
-    prime = SamplingParams(max_tokens=1, temperature=0.0)
+    prime = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"chunk_cache_recovery": "none"})
 
     def send(sample: dict, key: str, params) -> dict:
         prompt = {"prompt_token_ids": sample[key]["ids"]}
         if config["chunked"]:
-            prompt["chunk_spans"] = dict(sample[key]["spans"])
-            last = config.get("last_with_question") and key == "measured"  # priming caches them all
-            if last and len(prompt["chunk_spans"]["chunk_lens"]) > 1:
-                prompt["chunk_spans"]["chunk_lens"] = prompt["chunk_spans"]["chunk_lens"][:-1]
+            prompt["chunk_spans"] = sample[key]["spans"]
         t0 = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         wall = time.perf_counter() - t0

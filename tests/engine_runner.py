@@ -6,7 +6,8 @@ SPEC: {"model": dir, "dtype": "float32" (default) | "bfloat16", "engine": {LLM k
        "rounds": [{"prompts": [...], "max_tokens": n, "batch": bool (one generate call),
                    "abort": bool (abort them mid-way),
                    "late": [...], "late_after": k (the prompts first; after k engine steps the
-                   `late` ones join the running batch)}, ...]}.
+                   `late` ones join the running batch),
+                   "extra_args": {...} (`SamplingParams.extra_args` of the round)}, ...]}.
 A prompt is text or a token-id prompt {"prompt_token_ids": [...], "chunk_spans": {...}}.
 Output line `RESULT {...}`: per round the prompt ids, generated ids and logprobs (or the error
 text) of every prompt, the chunk cache state after each round, and the engine's execution mode
@@ -128,7 +129,7 @@ def main() -> None:
     result = {"rounds": [], "states": [], "engine": engine_info(llm)}
     for rnd in spec["rounds"]:
         params = SamplingParams(max_tokens=rnd.get("max_tokens", 8), temperature=0.0, logprobs=1,
-                                ignore_eos=True)
+                                ignore_eos=True, extra_args=rnd.get("extra_args"))
         if rnd.get("abort"):
             abort_midway(llm, rnd["prompts"], params)
             result["rounds"].append([])

@@ -53,14 +53,14 @@ def attention_mask(sys_len: int, chunk_lens: list[int], total: int) -> torch.Ten
 
 
 def position_ids(sys_len: int, chunk_lens: list[int], total: int, layout: str = "overlap") -> torch.Tensor:
-    pos = torch.arange(total)
+    if layout not in ("overlap", "sequential"):
+        raise ValueError(f"unknown layout {layout!r}")
+    pos = torch.arange(total)  # `sequential`: the positions of the plain concatenation
     if layout == "overlap" and chunk_lens:
         chunk_pos = [torch.arange(sys_len, sys_len + n) for n in chunk_lens]
         pos[sys_len:sys_len + sum(chunk_lens)] = torch.cat(chunk_pos)
         q_start = sys_len + sum(chunk_lens)
         pos[q_start:] = torch.arange(total - q_start) + sys_len + max(chunk_lens)
-    elif layout != "overlap":
-        raise ValueError(f"unknown layout {layout!r}")
     return pos[None]
 
 

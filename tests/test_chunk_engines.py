@@ -26,10 +26,10 @@ def run_engine(model_dir: Path, rounds: list[dict], engine: dict | None = None,
     return json.loads(run.stdout.split("RESULT ", 1)[1])
 
 
-def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap"):
+def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap", recovery="none"):
     for prompt, res in zip(prompts, results, strict=True):
         assert "error" not in res, res
-        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout)
+        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout, recovery)
         assert res["prompt_ids"] == exp.token_ids
         cc.assert_matches(res["tokens"], res["logprobs"], ref, f"{what}: {prompt[:50]}")
 
@@ -78,6 +78,26 @@ def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
     assert (cold["hits"], cold["misses"]) == (1, 5)  # docs[0] planned by the first request
     assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
     assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (7, 0)
+
+
+def test_recovery_last_in_the_sequential_layout(models_dir: Path):
+    """`VLLM_CHUNK_CACHE_RECOVERY=last`: every request computes its last document with its question
+    (never loads or stores it); a request can ask for `none` and gets plain `sequential`."""
+    docs = [cc.document(300 + i, 60 + 20 * i) for i in range(4)]
+    first = [cc.chunked(cc.SYS, docs[:3], "What is first?"), cc.chunked(cc.SYS, [docs[3], docs[0]], "And?"),
+             cc.chunked(cc.SYS, [docs[1]], "One document only?")]
+    reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?")]
+    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True},
+              {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}}]
+    env = {"VLLM_CHUNK_CACHE_LAYOUT": "sequential", "VLLM_CHUNK_CACHE_RECOVERY": "last"}
+    result = run_engine(models_dir / "tiny-llama", rounds, env=env)
+    model, raw_tok = tools(models_dir, "tiny-llama")
+    for rnd, res, what in zip(rounds[:3], result["rounds"], ["cold", "warm", "reordered"], strict=False):
+        check_round(model, raw_tok, rnd["prompts"], res, 8, f"last {what}", "sequential", "last")
+    check_round(model, raw_tok, first[:1], result["rounds"][3], 8, "none per request", "sequential")
+    counts = [(s["hits"], s["misses"]) for s in result["states"]]
+    steps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip([(0, 0), *counts], counts, strict=False)]
+    assert steps == [(0, 3), (3, 0), (1, 1), (3, 0)]  # the last documents are never looked up
 
 
 # A 32-page (512-token) pool: every request nearly fills it, so chunks are evicted all the time;

@@ -148,6 +148,21 @@ def test_plain_plan_equals_the_layout_reference(tiny, layout):
     assert out.computed == len(PROMPT) - SYS - sum(LENS)
 
 
+def test_suffix_last_plan_equals_the_reference_with_the_last_chunk_in_the_question(tiny):
+    """In `sequential`, the engine's `last` recovery mode has two independent forms: the plan that
+    computes C_n's tokens attending to everything before them, and the reference whose question
+    segment starts at C_n (`chunk_cases.reference(..., recovery="last")`). In `overlap` they differ
+    by positions: the plan keeps C_n at SYS's end, the engine places C_n after the longest of
+    C_1..C_{n-1}, as it places a question."""
+    import hf_recovery as hr
+    from hf_reference import greedy
+
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    last = hr.recompute_set("suffix:last", SYS, LENS)
+    out = hr.run(tiny, PROMPT, SYS, LENS, "sequential", last, kv, max_tokens=6)
+    assert out.tokens == greedy(tiny, PROMPT, 6, SYS, LENS[:-1], "sequential").tokens
+
+
 @pytest.mark.parametrize("mode", ["full", f"suffix:{sum(LENS)}", f"epic:{max(LENS)}"])
 def test_plans_that_compute_everything_but_the_first_chunk_equal_full_attention(tiny, mode):
     """In `sequential`, C_1's cached KV is full attention's; computing the rest gives full attention."""

@@ -8,6 +8,7 @@
 | `VLLM_CHUNK_CACHE_HASH_ALGORITHM` | `sha256`  | `sha256`, `xxhash`            |
 | `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
 | `VLLM_CHUNK_CACHE_LAYOUT`         | `overlap` | `overlap`, `sequential`       |
+| `VLLM_CHUNK_CACHE_RECOVERY`       | `none`    | `none`, `last`                |
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ FALSE_WORDS = ("0", "false", "no", "off")
 HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
 """Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
 LAYOUTS = ("overlap", "sequential")
+RECOVERY_MODES = ("none", "last")
+"""`last`: the last document of a request is computed with its question (`frontend.recovery`)."""
 
 
 class ChunkCacheConfigError(ValueError):
@@ -37,6 +40,7 @@ class ChunkCacheConfig:
     hash_algorithm: str = "sha256"
     delimiter: str = "# #"
     layout: str = "overlap"
+    recovery: str = "none"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
@@ -60,6 +64,8 @@ class ChunkCacheConfig:
             delimiter=_parse_delimiter(env.get("VLLM_CHUNK_DELIMITER", defaults.delimiter)),
             layout=_parse_choice("VLLM_CHUNK_CACHE_LAYOUT",
                                  get("VLLM_CHUNK_CACHE_LAYOUT", defaults.layout), LAYOUTS),
+            recovery=_parse_choice("VLLM_CHUNK_CACHE_RECOVERY",
+                                   get("VLLM_CHUNK_CACHE_RECOVERY", defaults.recovery), RECOVERY_MODES),
         )
 
     def describe(self) -> str:
@@ -67,7 +73,7 @@ class ChunkCacheConfig:
             return "Chunk Cache disabled (VLLM_ENABLE_CHUNK_CACHE=false): vLLM behaves as unpatched"
         return (f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
                 f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
-                f"hash={self.hash_algorithm}")
+                f"hash={self.hash_algorithm} recovery={self.recovery}")
 
 
 @functools.cache

@@ -15,6 +15,7 @@ import msgspec
 
 from vllm_ascend_chunk.config import HASH_ALGORITHMS, get_config
 from vllm_ascend_chunk.engine_config import is_active
+from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
 from vllm_ascend_chunk.geometry import PoolGeometry, pool_geometry
@@ -56,8 +57,11 @@ PROMPT_LOGPROBS_REFUSED = (
 def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
                      params) -> ChunkCacheInfo | None:
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
+    if not is_active(vllm_config):
+        return None
+    mode = recovery.requested(params)  # checked on ordinary prompts too: a typo is a 400 anywhere
     spans = engine_input.get(SPANS_KEY)
-    if spans is None or not is_active(vllm_config):
+    if spans is None:
         return None
     if getattr(params, "prompt_logprobs", None) is not None:
         raise ChunkPromptError(PROMPT_LOGPROBS_REFUSED)
@@ -68,6 +72,7 @@ def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
     if spans.question_len < 1:  # the scheduler needs a token to compute after the loaded chunks
         raise ChunkPromptError("The question of the chunked prompt has no tokens (its text tokenizes "
                                "to nothing). Put at least one token after the last delimiter.")
+    spans = recovery.apply(spans, mode)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     info = with_keys(spans, token_ids, identity, hash_fn())
     check_fits(info, pool_geometry(vllm_config))
