@@ -30,7 +30,10 @@ greedy token ids), the KL divergence KL(full || config) of the first answer toke
 from the top-20 logprobs of both (`quality_data.kl_topk` states the treatment of the missing
 tail), warm TTFT (vLLM's per-request first-token latency, `RequestOutput.metrics`), and the
 recompute fraction (`1 - num_cached_tokens / prompt tokens` on the measured request: the
-question alone when every document is loaded; 1.0 for `full`).
+question alone when every document is loaded; 1.0 for `full`). A recovery configuration also
+sends each measured request with recovery off (`paired_plain`, just before or just after it, in
+turn) and reports the median of its TTFT over that plain reuse of the same ids in the same
+engine: a ratio that drifting load on a shared machine does not skew.
 
     .venv/bin/python scripts/bench_quality.py --synthetic 100 --docs 5 --doc-tokens 150 \\
         --out benchmarks/quality_cpu_synthetic.json
@@ -71,7 +74,8 @@ CONFIGS: dict[str, dict] = {
                    "prefix_caching": True, "chunked": True},
     **{f"{layout}+last": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": layout,
                                   "VLLM_CHUNK_CACHE_RECOVERY": "last"},
-                          "prefix_caching": True, "chunked": True} for layout in ("overlap", "sequential")},
+                          "prefix_caching": True, "chunked": True, "paired_plain": True}
+       for layout in ("overlap", "sequential")},
 }
 """A recovery mode is one more entry: its environment (`VLLM_CHUNK_CACHE_RECOVERY`)."""
 
@@ -94,6 +98,7 @@ def worker(spec_path: Path, out_path: Path) -> None:
     startup = time.time() - start
     measure = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, logprobs=TOP_K)
     prime = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"chunk_cache_recovery": "none"})
+    plain = prime  # the measured ids with recovery off: plain reuse, timed next to the measured request
 
     def send(sample: dict, key: str, params) -> dict:
         prompt = {"prompt_token_ids": sample[key]["ids"]}
@@ -120,7 +125,11 @@ def worker(spec_path: Path, out_path: Path) -> None:
         row = {"qid": sample["qid"]}
         if config["chunked"]:
             row["prime"] = send(sample, "prime", prime)
+        if config.get("paired_plain") and n % 2:
+            row["paired_plain"] = send(sample, "measured", plain)
         row.update(send(sample, "measured", measure))
+        if config.get("paired_plain") and not n % 2:
+            row["paired_plain"] = send(sample, "measured", plain)
         rows.append(row)
         print(f"[{spec['config']} {n + 1}/{len(samples)}] ttft={row['ttft_s'] * 1e3:.0f} ms "
               f"cached={row['cached_tokens']}/{row['prompt_tokens']} {row['text']!r}", flush=True)
@@ -148,6 +157,10 @@ def summarize(rows: list[dict]) -> dict:
     prime = [r["prime"]["ttft_s"] for r in rows if r.get("prime")]
     if prime:
         out["cold_ttft_ms_p50"] = percentile(prime, 0.5) * 1e3
+    paired = [(r["ttft_s"], r["paired_plain"]["ttft_s"]) for r in rows if r.get("paired_plain")]
+    if paired:  # this configuration's TTFT over plain reuse of the same ids in the same engine
+        out["paired_plain_ttft_ms_p50"] = percentile([p for _, p in paired], 0.5) * 1e3
+        out["ttft_ratio_vs_paired_plain_p50"] = percentile([t / p for t, p in paired], 0.5)
     return out
 
 
@@ -312,7 +325,9 @@ def finish(result: dict, items: list[qd.QAItem], tokenizer, out: Path) -> None:
     for name, cfg in result["configs"].items():
         s = cfg["summary"]
         print(f"{name:12s} {s['n']:4d} {s['f1']:6.3f} {s['em']:6.3f} {s['contains']:8.3f} {s['agree']:6.3f} "
-              f"{s['kl']:7.4f} {s['ttft_ms_p50']:7.0f}ms {s['recompute']:9.3f}")
+              f"{s['kl']:7.4f} {s['ttft_ms_p50']:7.0f}ms {s['recompute']:9.3f}"
+              + (f"  {s['ttft_ratio_vs_paired_plain_p50']:.2f}x paired plain reuse"
+                 if "ttft_ratio_vs_paired_plain_p50" in s else ""))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
