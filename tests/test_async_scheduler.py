@@ -14,7 +14,7 @@ from coordinator_checks import check_bookkeeping, check_drained
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkSpans
 from vllm_ascend_chunk.scheduler.coordinator import JOB_ID_PREFIX
 
 BLOCK = 16
@@ -59,22 +59,21 @@ def scheduler(models_dir: Path):
 
 
 def chunked_request(scheduler, rid: str, sys_len: int, chunk_lens: list[int], question_len: int):
-    info = ChunkCacheInfo(sys_len=sys_len, chunk_lens=chunk_lens, question_len=question_len)
-    ids = [(7 * i) % 1000 + 1 for i in range(info.num_tokens)]
-    return make_request(scheduler, rid, ids, info)
+    spans = ChunkSpans(sys_len=sys_len, chunk_lens=chunk_lens, question_len=question_len)
+    ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
+    return make_request(scheduler, rid, ids, spans)
 
 
-def make_request(scheduler, rid: str, ids: list[int], info: ChunkCacheInfo | None = None,
+def make_request(scheduler, rid: str, ids: list[int], spans: ChunkSpans | None = None,
                  max_tokens: int = 3, priority: int = 0):
-    """An engine-core `Request`; with `info` (`ChunkCacheInfo` spans) a chunk-path one, its keys
-    filled in as the frontend does."""
+    """An engine-core `Request`; with `spans` a chunk-path one, its keys made as the frontend
+    makes them."""
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
     from vllm_ascend_chunk.frontend.keys import hash_fn, with_keys
 
-    if info is not None:
-        info = with_keys(info, ids, ("tiny", "float32"), hash_fn())
+    info = None if spans is None else with_keys(spans, ids, ("tiny", "float32"), hash_fn())
     return Request(request_id=rid, prompt_token_ids=ids,
                    sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
                    pooling_params=None, arrival_time=time.time(), chunk_cache=info, priority=priority,
@@ -195,13 +194,13 @@ class AsyncRun:
     # -- client actions ----------------------------------------------------------------------
     def add(self, rid: str, ids: list[int], max_tokens: int, priority: int, sys: tuple = (),
             docs: list[tuple] | None = None) -> None:
-        info = None
+        spans = None
         if docs is not None:
             question = len(ids) - len(sys) - sum(map(len, docs))
-            info = ChunkCacheInfo(sys_len=len(sys), chunk_lens=[len(d) for d in docs], question_len=question)
+            spans = ChunkSpans(sys_len=len(sys), chunk_lens=[len(d) for d in docs], question_len=question)
             self.contents[rid] = user_contents(sys, docs)
             self.deltas[rid] = user_deltas(sys, docs)
-        self.scheduler.add_request(make_request(self.scheduler, rid, ids, info, max_tokens, priority))
+        self.scheduler.add_request(make_request(self.scheduler, rid, ids, spans, max_tokens, priority))
         self.max_tokens[rid], self.tokens[rid] = max_tokens, []
 
     def alive(self) -> list[str]:

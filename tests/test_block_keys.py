@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkSpans
 
 BLOCK_SIZE = 16
-INFO = ChunkCacheInfo(sys_len=5, chunk_lens=[20, 9], question_len=6)
+INFO = ChunkSpans(sys_len=5, chunk_lens=[20, 9], question_len=6)
 TOKENS = list(range(100, 100 + INFO.num_tokens))
 # What `block_keys` returned before it became a tuple: any client could send it as a salt.
 OLD_MARKER = "chunk-cache:overlap:5:20,9"
@@ -48,5 +48,5 @@ def test_chunk_structure_and_salt_both_namespace_blocks():
     block_hashes = hasher("sha256_cbor")
     chunk = block_hashes(chunk_cache=INFO)
     salted = block_hashes(chunk_cache=INFO, cache_salt="tenant")
-    other = block_hashes(chunk_cache=ChunkCacheInfo(sys_len=5, chunk_lens=[9, 20], question_len=6))
+    other = block_hashes(chunk_cache=ChunkSpans(sys_len=5, chunk_lens=[9, 20], question_len=6))
     assert len({chunk[0], salted[0], other[0]}) == 3

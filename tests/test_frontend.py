@@ -8,7 +8,7 @@ import re
 import pytest
 
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkCacheInfo, ChunkSpans
 
 SYS = "You are a careful assistant."
 DOCS = ["The tea house opens at seven.", "Ferries leave hourly, except Sundays. 日本語 😀",
@@ -106,21 +106,22 @@ def test_token_id_prompt_with_explicit_spans(tiny_llama_llm, raw_tok, scheduled_
 @pytest.mark.parametrize("spans, match", [
     ({"sys_len": 2, "chunk_lens": [0, 3]}, "chunk_lens"),
     ({"sys_len": -1, "chunk_lens": [3]}, "sys_len"),
-    ({"sys_len": 2, "chunk_lens": [100]}, "question would be empty"),
+    ({"sys_len": 2, "chunk_lens": [100]}, "question of the chunked prompt has no tokens"),
     ({"sys_len": 2}, "chunk_lens"),
     ([2, 3], "chunk_lens"),
     ({"sys_len": 2, "chunk_lens": [3, -1]}, "chunk_lens"),
-    ({"sys_len": 2, "chunk_lens": [18]}, "question would be empty"),
-    ({"sys_len": 10**20, "chunk_lens": [1]}, "question would be empty"),
+    ({"sys_len": 2, "chunk_lens": [18]}, "question of the chunked prompt has no tokens"),
+    ({"sys_len": 10**20, "chunk_lens": [1]}, "question of the chunked prompt has no tokens"),
     ({"sys_len": "2", "chunk_lens": [3]}, "sys_len"),
     ({"sys_len": 2.0, "chunk_lens": [3]}, "sys_len"),
     ({"sys_len": True, "chunk_lens": [3]}, "sys_len"),
     ({"sys_len": 2, "chunk_lens": "3"}, "chunk_lens"),
     ({"sys_len": 2, "chunk_lens": [3.0]}, "chunk_lens"),
     ({"sys_len": 2, "chunk_lens": [3], "question_len": 15}, "chunk_lens"),
-    # Spans that reach the engine input as `ChunkCacheInfo` (a question that tokenizes to nothing):
-    (ChunkCacheInfo(sys_len=5, chunk_lens=[5, 10], question_len=0), "question of the chunked prompt has no"),
-    (ChunkCacheInfo(sys_len=-5, chunk_lens=[15], question_len=10), "do not match"),
+    # `ChunkSpans` objects are checked like dicts: against the ids, then as spans.
+    (ChunkSpans(sys_len=5, chunk_lens=[5], question_len=3), "13 tokens but 20 remain"),
+    (ChunkSpans(sys_len=-5, chunk_lens=[15], question_len=10), "sys_len"),
+    (ChunkSpans(sys_len=5, chunk_lens=[15], question_len=0), "question of the chunked prompt has no"),
 ])
 def test_token_id_prompt_with_bad_spans_is_refused(tiny_llama_llm, spans, match):
     with pytest.raises(ChunkPromptError, match=match):
@@ -158,7 +159,7 @@ def test_legacy_engine_add_request_token_prompt_keeps_its_spans(tiny_llama_llm, 
         engine.step()
     assert scheduled_requests[0].prompt_token_ids == ids
     assert scheduled_requests[0].chunk_cache.chunk_lens == lens[1:-1]
-    with pytest.raises(ChunkPromptError, match="question would be empty"):
+    with pytest.raises(ChunkPromptError, match="question of the chunked prompt has no tokens"):
         engine.add_request("legacy-bad", {"prompt_token_ids": ids,
                                           "chunk_spans": {"sys_len": len(ids), "chunk_lens": []}}, greedy(1))
     assert tiny_llama_llm.generate(["still serving"], greedy(1))[0].outputs[0].token_ids
@@ -181,6 +182,9 @@ def test_a_document_with_no_tokens_is_dropped():
     assert out["prompt_token_ids"] == [3, 3, 7, 7, 8]
     spans = out[SPANS_KEY]
     assert (spans.sys_len, spans.chunk_lens, spans.question_len) == (2, [1, 1], 1)
+    with pytest.raises(ChunkPromptError, match="question of the chunked prompt has no tokens"):
+        tokenize_chunked(Tokenizer(), {"prompt": "sys # # doc # # ​"},
+                         SimpleNamespace(add_special_tokens=True), engine)
 
 
 def test_prompt_logprobs_of_chunked_prompts_are_refused(tiny_llama_llm, raw_tok):

@@ -73,16 +73,16 @@ def test_properties_on_random_texts(pieces, delimiter):
     if p is None:
         assert n_delimiters < 2
         return
-    spans = [p.system_span, *p.chunk_spans, p.question_span]
-    # Spans are ordered, non-overlapping, and cover the text with only delimiters in between.
-    assert spans[0][0] == 0 and spans[-1][1] == len(text)
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    ranges = [p.system_range, *p.chunk_ranges, p.question_range]
+    # Ranges are ordered, non-overlapping, and cover the text with only delimiters in between.
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(text)
+    for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
         assert end <= start and sep.fullmatch(text[end:start])
     # No part contains the delimiter; chunks and question are non-empty; join round-trips.
     for part in (p.system, *p.chunks, p.question):
         assert delimiter not in part
     assert all(p.chunks) and p.question
-    gaps = [text[end:start] for (_, end), (start, _) in zip(spans, spans[1:], strict=False)]
+    gaps = [text[end:start] for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False)]
     rebuilt = p.system + "".join(g + part for g, part in zip(gaps, [*p.chunks, p.question], strict=True))
     assert rebuilt == text
 

@@ -13,7 +13,7 @@ import pytest
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkSpans
 
 LAST = {"chunk_cache_recovery": "last"}
 DOCS = [cc.document(500 + i, 50 + 10 * i) for i in range(3)]
@@ -56,12 +56,12 @@ def test_a_bad_request_mode_names_the_key_and_the_choices(value):
 
 
 def test_last_counts_the_last_document_as_question():
-    spans = ChunkCacheInfo(sys_len=4, chunk_lens=[5, 6, 7], question_len=3)
+    spans = ChunkSpans(sys_len=4, chunk_lens=[5, 6, 7], question_len=3)
     assert recovery.apply(spans, "none") == spans
-    assert recovery.apply(spans, "last") == ChunkCacheInfo(sys_len=4, chunk_lens=[5, 6], question_len=10)
-    one = ChunkCacheInfo(sys_len=4, chunk_lens=[5], question_len=3)
-    assert recovery.apply(one, "last") == ChunkCacheInfo(sys_len=4, chunk_lens=[], question_len=8)
-    none = ChunkCacheInfo(sys_len=4, chunk_lens=[], question_len=3)
+    assert recovery.apply(spans, "last") == ChunkSpans(sys_len=4, chunk_lens=[5, 6], question_len=10)
+    one = ChunkSpans(sys_len=4, chunk_lens=[5], question_len=3)
+    assert recovery.apply(one, "last") == ChunkSpans(sys_len=4, chunk_lens=[], question_len=8)
+    none = ChunkSpans(sys_len=4, chunk_lens=[], question_len=3)
     assert recovery.apply(none, "last") == none
 
 

@@ -13,10 +13,11 @@ import msgspec
 logger = logging.getLogger("vllm.chunk_cache")
 
 
-class ChunkCacheInfo(msgspec.Struct, array_like=True, frozen=True, omit_defaults=True):
-    """Chunk structure of one request (the trailing field of `EngineCoreRequest`).
+class ChunkSpans(msgspec.Struct, array_like=True, frozen=True):
+    """Token lengths of the parts of one chunked prompt `SYS + C_1 + ... + C_n + Q`.
 
-    The renderer fills the lengths; `InputProcessor` adds the keys (`frontend.keys`).
+    Built and validated in the frontend (`frontend.tokenize.make_spans`); the user's
+    `chunk_spans` dict of a token-id prompt becomes one of these.
     """
 
     sys_len: int
@@ -25,10 +26,6 @@ class ChunkCacheInfo(msgspec.Struct, array_like=True, frozen=True, omit_defaults
     """Token count of each chunk, in prompt order."""
     question_len: int
     """Number of QUESTION tokens (the rest of the prompt)."""
-    sys_hash: bytes = b""
-    """Position-free content key of the SYSTEM tokens."""
-    chunk_hashes: list[bytes] = []
-    """Position-free content key of each chunk, as computed after SYS (`SYS + C_i`)."""
 
     @property
     def num_chunks(self) -> int:
@@ -47,6 +44,16 @@ class ChunkCacheInfo(msgspec.Struct, array_like=True, frozen=True, omit_defaults
         """Token offsets `[start, end)` of chunk `i` within the request."""
         start = self.sys_len + sum(self.chunk_lens[:i])
         return start, start + self.chunk_lens[i]
+
+
+class ChunkCacheInfo(ChunkSpans, array_like=True, frozen=True):
+    """The spans of one request with their content keys: the `chunk_cache` field of
+    `EngineCoreRequest` and `Request` (built once, by `frontend.keys.chunk_cache_info`)."""
+
+    sys_hash: bytes
+    """Position-free content key of the SYSTEM tokens."""
+    chunk_hashes: list[bytes]
+    """Position-free content key of each chunk, as computed after SYS (`SYS + C_i`)."""
 
 
 def servable(info: ChunkCacheInfo | None, sampling_params) -> ChunkCacheInfo | None:

@@ -19,7 +19,7 @@ from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
 from vllm_ascend_chunk.geometry import PoolGeometry, pool_geometry
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkCacheInfo, ChunkSpans
 
 NAMESPACE = "vllm-ascend-chunk/v1"
 
@@ -30,13 +30,13 @@ def hash_fn() -> Callable[[Any], bytes]:
     return get_hash_fn_by_name(HASH_ALGORITHMS[get_config().hash_algorithm])
 
 
-def with_keys(spans: ChunkCacheInfo, token_ids: Sequence[int], identity: tuple,
+def with_keys(spans: ChunkSpans, token_ids: Sequence[int], identity: tuple,
               hasher: Callable[[Any], bytes]) -> ChunkCacheInfo:
-    """`spans` with its SYS and chunk keys filled in."""
+    """`spans` with the keys of SYS and of every chunk."""
     ids = list(token_ids)
     sys_hash = hasher((NAMESPACE, *identity, ids[:spans.sys_len]))
     chunk_hashes = [hasher((sys_hash, ids[slice(*spans.chunk_span(i))])) for i in range(spans.num_chunks)]
-    return msgspec.structs.replace(spans, sys_hash=sys_hash, chunk_hashes=chunk_hashes)
+    return ChunkCacheInfo(**msgspec.structs.asdict(spans), sys_hash=sys_hash, chunk_hashes=chunk_hashes)
 
 
 def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
@@ -66,12 +66,11 @@ def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
     if getattr(params, "prompt_logprobs", None) is not None:
         raise ChunkPromptError(PROMPT_LOGPROBS_REFUSED)
     token_ids = engine_input.get("prompt_token_ids")
-    if (engine_input.get("type") != "token" or token_ids is None or len(token_ids) != spans.num_tokens
-            or spans.sys_len < 0 or min(spans.chunk_lens, default=0) < 0):
+    # `frontend.tokenize.check_spans` validated the spans against these ids; an engine input
+    # that did not come through it (spans of another type, other ids) is refused here.
+    if (engine_input.get("type") != "token" or token_ids is None or not isinstance(spans, ChunkSpans)
+            or len(token_ids) != spans.num_tokens):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
-    if spans.question_len < 1:  # the scheduler needs a token to compute after the loaded chunks
-        raise ChunkPromptError("The question of the chunked prompt has no tokens (its text tokenizes "
-                               "to nothing). Put at least one token after the last delimiter.")
     spans = recovery.apply(spans, mode)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     info = with_keys(spans, token_ids, identity, hash_fn())

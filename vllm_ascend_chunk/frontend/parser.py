@@ -20,24 +20,24 @@ class ChunkPromptError(VLLMValidationError):
 
 @dataclass(frozen=True)
 class ParsedPrompt:
-    """A chunked prompt split into its parts; each span is `[start, end)` in the original text."""
+    """A chunked prompt split into its parts; each range is `[start, end)` in characters of `text`."""
 
     text: str
-    system_span: tuple[int, int]
-    chunk_spans: tuple[tuple[int, int], ...]
-    question_span: tuple[int, int]
+    system_range: tuple[int, int]
+    chunk_ranges: tuple[tuple[int, int], ...]
+    question_range: tuple[int, int]
 
     @property
     def system(self) -> str:
-        return self.text[slice(*self.system_span)]
+        return self.text[slice(*self.system_range)]
 
     @property
     def chunks(self) -> list[str]:
-        return [self.text[slice(*s)] for s in self.chunk_spans]
+        return [self.text[slice(*s)] for s in self.chunk_ranges]
 
     @property
     def question(self) -> str:
-        return self.text[slice(*self.question_span)]
+        return self.text[slice(*self.question_range)]
 
 
 class ChunkParser:
@@ -74,9 +74,9 @@ class ChunkParser:
                 f"{err.start} is a lone surrogate. Send UTF-8 text.") from None
         return ParsedPrompt(
             text=text,
-            system_span=parts[0],
-            chunk_spans=tuple(p for p in parts[1:-1] if p[0] < p[1]),
-            question_span=question,
+            system_range=parts[0],
+            chunk_ranges=tuple(p for p in parts[1:-1] if p[0] < p[1]),
+            question_range=question,
         )
 
 

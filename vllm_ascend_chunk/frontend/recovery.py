@@ -18,7 +18,7 @@ import msgspec
 
 from vllm_ascend_chunk.config import RECOVERY_MODES, get_config
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkSpans
 
 KEY = "chunk_cache_recovery"
 """Name of the per-request choice in `vllm_xargs` and `SamplingParams.extra_args`."""
@@ -35,8 +35,8 @@ def requested(params: object) -> str:
     return value.strip().lower()
 
 
-def apply(spans: ChunkCacheInfo, mode: str) -> ChunkCacheInfo:
-    """The spans the request is served with under `mode` (keys not yet filled in)."""
+def apply(spans: ChunkSpans, mode: str) -> ChunkSpans:
+    """The spans the request is served with under `mode`."""
     if mode == "none" or not spans.chunk_lens:
         return spans
     *loaded, last = spans.chunk_lens

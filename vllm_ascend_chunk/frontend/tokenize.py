@@ -20,7 +20,7 @@ from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.engine_config import is_active
 from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError, ParsedPrompt, parser_for
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.metadata import ChunkSpans
 
 SPANS_KEY = "chunk_spans"
 """Key of the chunk structure in vLLM's prompt dicts (`TokensPrompt`, engine inputs)."""
@@ -44,11 +44,10 @@ def _pieces(parsed: ParsedPrompt, add_special_tokens: bool) -> list[tuple[str, b
 
 
 def _assemble(prompt: Mapping[str, Any], ids: list[list[int]]) -> dict[str, Any]:
-    system, *chunks, question = ids
-    # A document that tokenizes to nothing is dropped like an empty one (it adds no tokens).
-    spans = ChunkCacheInfo(sys_len=len(system), chunk_lens=[len(c) for c in chunks if c],
-                           question_len=len(question))
+    system, *chunks, _ = ids
     token_ids = [t for part in ids for t in part]
+    # A document that tokenizes to nothing is dropped like an empty one (it adds no tokens).
+    spans = make_spans(len(system), [len(c) for c in chunks if c], len(token_ids))
     return {**prompt, "prompt_token_ids": token_ids, SPANS_KEY: spans}
 
 
@@ -75,14 +74,14 @@ async def tokenize_chunked_async(async_tokenizer, prompt: Mapping[str, Any], par
 
 
 def check_spans(prompt: dict[str, Any], params, vllm_config) -> dict[str, Any]:
-    """After vLLM's post-tokenization: validate the spans against the final token ids.
+    """After vLLM's post-tokenization: the prompt's spans as validated `ChunkSpans`.
 
-    Normalizes an explicit `chunk_spans` dict of a token-id prompt into `ChunkCacheInfo`, and
-    refuses truncation or padding that would cut into (or shift) the chunks. Explicit spans are
-    dropped where the engine does not run the chunk cache or the request opted out.
+    Refuses truncation or padding that cut into (or shifted) the chunks of a tokenized text
+    prompt, and validates an explicit `chunk_spans` of a token-id prompt against its ids.
+    Spans are dropped where the engine does not run the chunk cache or the request opted out.
     """
-    spans = prompt.get(SPANS_KEY)
-    if spans is None:
+    given = prompt.get(SPANS_KEY)
+    if given is None:
         return prompt
     if not chunking(vllm_config, params):
         prompt.pop(SPANS_KEY)
@@ -90,37 +89,49 @@ def check_spans(prompt: dict[str, Any], params, vllm_config) -> dict[str, Any]:
     if "prompt_token_ids" not in prompt or "prompt_embeds" in prompt or prompt.get("multi_modal_data"):
         raise ChunkPromptError(f"'{SPANS_KEY}' needs a plain token-id prompt "
                                "(no prompt_embeds, no multi-modal data)")
-    if not isinstance(spans, ChunkCacheInfo):
-        spans = prompt[SPANS_KEY] = spans_from_user(spans, len(prompt["prompt_token_ids"]))
     n = len(prompt["prompt_token_ids"])
-    if n != spans.num_tokens:
+    if isinstance(given, ChunkSpans) and given.num_tokens != n:
         what = []
         if params.truncate_prompt_tokens is not None:
             what.append(f"truncate_prompt_tokens={params.truncate_prompt_tokens}")
         if params.pad_prompt_tokens is not None:
             what.append(f"pad_prompt_tokens={params.pad_prompt_tokens}")
         raise ChunkPromptError(
-            f"The chunked prompt has {spans.num_tokens} tokens but {n} remain after "
+            f"The chunked prompt has {given.num_tokens} tokens but {n} remain after "
             f"{' and '.join(what) or 'post-processing'}; truncation and padding would cut into "
             "its documents. Shorten the documents or raise the limit.")
+    prompt[SPANS_KEY] = spans_from(given, n)
     return prompt
 
 
-def spans_from_user(spans: object, num_tokens: int) -> ChunkCacheInfo:
-    """Validate the explicit chunk structure of a token-id prompt."""
-    usage = (f"'{SPANS_KEY}' must be {{'sys_len': int >= 0, 'chunk_lens': [int >= 1, ...]}} "
-             f"with sys_len + sum(chunk_lens) < len(prompt_token_ids) = {num_tokens}")
-    if not isinstance(spans, Mapping) or set(spans) != {"sys_len", "chunk_lens"}:
-        raise ChunkPromptError(f"{usage}; got {spans!r}")
-    sys_len, chunk_lens = spans["sys_len"], spans["chunk_lens"]
-    ints = (isinstance(sys_len, int) and isinstance(chunk_lens, list)
+SPANS_USAGE = ("'chunk_spans' must be {'sys_len': int >= 0, 'chunk_lens': [int >= 1, ...]} with "
+               "sys_len + sum(chunk_lens) < len(prompt_token_ids)")
+
+
+def spans_from(given: object, num_tokens: int) -> ChunkSpans:
+    """The `ChunkSpans` of a prompt's `chunk_spans` value: a user's dict, or spans already made."""
+    if isinstance(given, ChunkSpans):
+        return make_spans(given.sys_len, given.chunk_lens, num_tokens)
+    if not isinstance(given, Mapping) or set(given) != {"sys_len", "chunk_lens"}:
+        raise ChunkPromptError(f"{SPANS_USAGE} = {num_tokens}; got {given!r}")
+    return make_spans(given["sys_len"], given["chunk_lens"], num_tokens)
+
+
+def make_spans(sys_len: object, chunk_lens: object, num_tokens: int) -> ChunkSpans:
+    """The one constructor of `ChunkSpans`: SYS of `sys_len` tokens, the chunks, and a question
+    of at least one token (the rest of `num_tokens`); anything else is a `ChunkPromptError`."""
+    ints = (isinstance(chunk_lens, list)
             and all(isinstance(n, int) and not isinstance(n, bool) for n in [sys_len, *chunk_lens]))
     if not ints or sys_len < 0 or any(n < 1 for n in chunk_lens):
-        raise ChunkPromptError(f"{usage}; got {dict(spans)!r}")
+        raise ChunkPromptError(f"{SPANS_USAGE} = {num_tokens}; got sys_len={sys_len!r}, "
+                               f"chunk_lens={chunk_lens!r}")
     question_len = num_tokens - sys_len - sum(chunk_lens)
-    if question_len < 1:
-        raise ChunkPromptError(f"{usage}: the question would be empty; got {dict(spans)!r}")
-    return ChunkCacheInfo(sys_len=sys_len, chunk_lens=list(chunk_lens), question_len=question_len)
+    if question_len < 1:  # the scheduler needs a token to compute after the loaded chunks
+        raise ChunkPromptError(
+            f"The question of the chunked prompt has no tokens: SYSTEM and documents take "
+            f"{num_tokens - question_len} of its {num_tokens} tokens. Put at least one token "
+            "after the last document.")
+    return ChunkSpans(sys_len=sys_len, chunk_lens=list(chunk_lens), question_len=question_len)
 
 
 def carry_spans(prompt: Mapping[str, Any], engine_input: dict[str, Any]) -> None:
