@@ -46,7 +46,7 @@ class ChunkCacheStats:
     """Misses served by a chunk prefill another request had already started."""
     evictions: int = 0
     chunk_prefills: int = 0
-    """Internal prefill requests run to fill the pool."""
+    """Chunk prefills run to fill the pool."""
 
     @property
     def hit_rate(self) -> float:

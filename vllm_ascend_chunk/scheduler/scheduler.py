@@ -1,4 +1,4 @@
-"""vLLM schedulers with the chunk cache: internal chunk prefills in, their outputs hidden.
+"""vLLM schedulers with the chunk cache: chunk prefills in, their outputs hidden.
 
 Selected automatically (`engine_config.configure`) as `ChunkCacheScheduler` or, with async
 scheduling, `ChunkCacheAsyncScheduler`. Everything else is vLLM's own scheduling.
@@ -14,7 +14,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_ascend_chunk.metrics import stats_payload
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkJob
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill
 
 
 class _ChunkCacheSchedulerMixin:
@@ -22,28 +22,28 @@ class _ChunkCacheSchedulerMixin:
         super().__init__(*args, **kwargs)
         self.chunk_cache: ChunkCacheCoordinator = self.connector.coordinator
         hash_block_size = kwargs.get("hash_block_size") or self.block_size
-        self._job_block_hasher = get_request_block_hasher(
+        self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo))
 
     def schedule(self):
-        for job in self.chunk_cache.plan():
-            self.add_request(self._job_request(job))
+        for prefill in self.chunk_cache.plan():
+            self.add_request(self._prefill_request(prefill))
         return super().schedule()
 
-    def _job_request(self, job: ChunkJob) -> Request:
+    def _prefill_request(self, prefill: ChunkPrefill) -> Request:
         """A prefill-only request computing `SYS + C_i` exactly (never reads the prefix cache)."""
-        parent = job.parent
+        parent = prefill.parent
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                 skip_reading_prefix_cache=True)
-        return Request(request_id=job.request_id, prompt_token_ids=job.token_ids,
+        return Request(request_id=prefill.request_id, prompt_token_ids=prefill.token_ids,
                        sampling_params=params, pooling_params=None,
                        arrival_time=parent.arrival_time, lora_request=parent.lora_request,
                        cache_salt=parent.cache_salt, priority=parent.priority,
-                       block_hasher=self._job_block_hasher)
+                       block_hasher=self._prefill_block_hasher)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        hidden = self.chunk_cache.take_job_ids_to_hide()
+        hidden = self.chunk_cache.take_prefill_ids_to_hide()
         for eco in outputs.values():
             eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
             if eco.finished_requests:
