@@ -24,7 +24,7 @@ import sys
 
 def chunk_state(llm) -> dict | None:
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    coordinator = getattr(scheduler, "chunk_cache", None)
+    coordinator = getattr(scheduler.connector, "coordinator", None)
     if coordinator is None:
         return None
     manager = coordinator.manager

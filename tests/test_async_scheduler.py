@@ -95,7 +95,7 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
     """The last piece of a chunk prefill is scheduled (its forward runs), the prefill is
     preempted before its sampled token arrives, then the token finishes it: its K/V are complete
     and its entries must become resident, not be discarded and computed again."""
-    coordinator = scheduler.chunk_cache
+    coordinator = scheduler.connector.coordinator
     user = chunked_request(scheduler, "user", sys_len=5, chunk_lens=[40, 30], question_len=4)
     scheduler.add_request(user)
     in_flight: deque = deque()
@@ -181,7 +181,7 @@ class AsyncRun:
     checks the coordinator and the client outputs after every step."""
 
     def __init__(self, scheduler) -> None:
-        self.scheduler, self.coord = scheduler, scheduler.chunk_cache
+        self.scheduler, self.coord = scheduler, scheduler.connector.coordinator
         self.in_flight: deque = deque()
         self.pool: dict[int, Content] = {}
         self.contents: dict[str, list[Content]] = {}

@@ -18,7 +18,7 @@ def hf_model(models_dir: Path):
 
 @pytest.fixture(scope="module")
 def coordinator(tiny_llama_llm):
-    return tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler.chunk_cache
+    return tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler.connector.coordinator
 
 
 def generate(llm, prompts, max_tokens=MAX_TOKENS):

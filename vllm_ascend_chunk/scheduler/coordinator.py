@@ -204,8 +204,9 @@ class ChunkCacheCoordinator:
 
     # -- KV-connector scheduler hooks -------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
+        """Register a chunk-path request; others, chunk prefills included, carry no `chunk_cache`."""
         info = getattr(request, "chunk_cache", None)
-        if info is not None and request.request_id not in self.prefills:
+        if info is not None:
             self.users[request.request_id] = UserRequest(request=request, info=info)
 
     def get_num_new_matched_tokens(self, request: Request,
