@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.coordinator import CHUNK_PREFILL_ID_PREFIX
 
 BLOCK = 16
@@ -250,7 +251,7 @@ class AsyncRun:
         for rid in out.num_scheduled_tokens:
             block_ids = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
             for t in range(min(len(self.contents.get(rid, ())), len(block_ids) * BLOCK)):
-                slots[block_ids[t // BLOCK] * BLOCK + t % BLOCK] = (rid, t)
+                slots[slot_of(block_ids, BLOCK, t)] = (rid, t)
         return slots
 
     def _check_loads(self, out) -> None:
@@ -279,7 +280,7 @@ class AsyncRun:
                 sys_len = self.coord.prefills[jid].parent.chunk_cache.sys_len
                 end = request.num_computed_tokens
                 for p in range(end - n, end):
-                    slot = block_ids[p // BLOCK] * BLOCK + p % BLOCK
+                    slot = slot_of(block_ids, BLOCK, p)
                     computed[slot] = prefill_content(request.prompt_token_ids, sys_len, p)
         meta = out.kv_connector_metadata
         for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):

@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.paging import pages_for, slot_of
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, UserStatus
 
 BLOCK = 4
@@ -102,13 +103,9 @@ _BLOCK_BASES: dict[str, int] = {}
 
 def blocks_for(request: FakeRequest) -> FakeBlocks:
     """The blocks of a request: its own range, the same at every call."""
-    n = -(-len(request.prompt_token_ids) // BLOCK)
+    n = pages_for(len(request.prompt_token_ids), BLOCK)
     base = _BLOCK_BASES.setdefault(request.request_id, len(_BLOCK_BASES)) * 100
     return FakeBlocks(list(range(base, base + n)))
-
-
-def slot_of(block_ids: list[int], token: int) -> int:
-    return block_ids[token // BLOCK] * BLOCK + token % BLOCK
 
 
 def prefill_step(prefills: list[ChunkPrefill], others: dict[str, int] | None = None) -> FakeOutput:
@@ -326,7 +323,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.n += 1
         req = user_request(f"u{self.n}", docs, sys_len=sys_len, salt=salt, priority=priority,
                            arrival=float(self.n))
-        pages = sum(-(-n // PAGE) for n in {**dict.fromkeys([b"s"], sys_len),
+        pages = sum(pages_for(n, PAGE) for n in {**dict.fromkeys([b"s"], sys_len),
                                             **{d: DOCS[d] for d in docs}}.values())
         if pages > self.coord.manager.num_pages:  # the frontend refuses it (`check_fits`)
             return
@@ -367,7 +364,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """After the forward: each saved slot's token (the prefill's K/V there) into its pool row."""
         assert not set(meta.save_rows) & set(meta.load_rows), "a chunk prefill writes rows loaded in its step"
         assert sorted(meta.save_rows) == sorted(r for p in ran for r in p.pool_rows if r >= 0)
-        computed = {slot_of(blocks_for(prefill_request(prefill)).ids, t): (prefill, t)
+        computed = {slot_of(blocks_for(prefill_request(prefill)).ids, BLOCK, t): (prefill, t)
                     for prefill in ran for t in range(len(prefill.token_ids))}
         for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):
             prefill, t = computed[slot]

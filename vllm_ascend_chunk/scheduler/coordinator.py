@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 
@@ -234,7 +235,7 @@ class ChunkCacheCoordinator:
         start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
         self._step.load_rows += self._source_rows(user)[start:end]
-        self._step.load_slots += [self._slot(block_ids, t) for t in range(start, end)]
+        self._step.load_slots += [slot_of(block_ids, self.block_size, t) for t in range(start, end)]
         if self.layout == "sequential":
             self._step.load_deltas += self._sequential_deltas(user.info)[start:end]
         user.status = UserStatus.LOADING
@@ -259,9 +260,6 @@ class ChunkCacheCoordinator:
     def _source_rows(self, user: UserRequest) -> list[int]:
         """Pool row of every token before the question: SYS, then each chunk."""
         return [row for entry in user.entries for row in self._rows(entry)]
-
-    def _slot(self, block_ids: list[int], token: int) -> int:
-        return block_ids[token // self.block_size] * self.block_size + token % self.block_size
 
     def _prefill_pieces(self, scheduler_output) -> dict[str, int]:
         """Prefills scheduled this step → their first token computed in it; tracks their blocks."""
@@ -289,7 +287,7 @@ class ChunkCacheCoordinator:
             for t in range(first, first + scheduler_output.num_scheduled_tokens[rid]):
                 if prefill.pool_rows[t] >= 0:
                     rows.append(prefill.pool_rows[t])
-                    slots.append(self._slot(prefill.block_ids, t))
+                    slots.append(slot_of(prefill.block_ids, self.block_size, t))
         return rows, slots
 
     def build_connector_meta(self, scheduler_output) -> ChunkCacheStepMetadata:
