@@ -51,7 +51,7 @@ def scrape(url: str) -> str:
 
 
 def requests_in_flight(url: str) -> int:
-    """`vllm:num_requests_running` + `vllm:num_requests_waiting` (internal chunk prefills included)."""
+    """`vllm:num_requests_running` + `vllm:num_requests_waiting` (chunk prefills included)."""
     metrics = parse_prometheus(scrape(url))
     return int(metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"])
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkJob, UserStatus
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, UserStatus
 
 
-def check_bookkeeping(coord: ChunkCacheCoordinator, live_jobs: Mapping[str, ChunkJob]) -> None:
+def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, ChunkPrefill]) -> None:
     """Pins equal the PLANNED/LOADING users holding an entry, every such entry is in the index,
-    free pages and entry pages partition the pool, every pending entry has a live job, and no
-    live job writes a free page."""
+    free pages and entry pages partition the pool, every pending entry has a live prefill, and no
+    live prefill writes a free page."""
     manager = coord.manager
-    dropped = {id(e): e for j in live_jobs.values() for e in j.entries if e.dropped}
+    dropped = {id(e): e for p in live_prefills.values() for e in p.entries if e.dropped}
     dropped.update({id(e): e for u in coord.users.values() for e in (u.entries or []) if e.dropped})
     taken = [p for e in [*manager.entries.values(), *dropped.values()] for p in e.pages]
     assert len(taken) == len(set(taken)), "a page belongs to two entries"
@@ -28,9 +28,9 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_jobs: Mapping[str, Chun
     for entry in [*manager.entries.values(), *dropped.values()]:
         assert entry.pins == pins.get(id(entry), 0)
         if not entry.resident:
-            assert any(entry in j.entries for j in live_jobs.values()), "orphan pending entry"
-    for job in live_jobs.values():
-        for entry in job.entries:
+            assert any(entry in p.entries for p in live_prefills.values()), "orphan pending entry"
+    for prefill in live_prefills.values():
+        for entry in prefill.entries:
             assert not set(entry.pages) & set(manager.free_pages), "free page still written"
 
 

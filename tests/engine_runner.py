@@ -23,18 +23,15 @@ import sys
 
 
 def chunk_state(llm) -> dict | None:
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    coordinator = getattr(scheduler, "chunk_cache", None)
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    coordinator = getattr(connector, "coordinator", None)
     if coordinator is None:
         return None
     manager = coordinator.manager
-    stats = manager.stats
-    return {"hits": stats.hits, "misses": stats.misses, "hit_tokens": stats.hit_tokens,
-            "evictions": stats.evictions, "chunk_prefills": stats.chunk_prefills,
-            "pinned_entries": manager.pinned_entries, "used_pages": manager.used_pages,
+    return {**connector.stats_payload(), "used_pages": manager.used_pages,
             "entry_pages": sum(len(e.pages) for e in manager.entries.values()),
             "pending_entries": sum(not e.resident for e in manager.entries.values()),
-            "users": len(coordinator.users), "jobs": len(coordinator.jobs)}
+            "users": len(coordinator.users), "prefills": len(coordinator.prefills)}
 
 
 def run_round(llm, prompts, params) -> list[dict]:
@@ -112,7 +109,7 @@ def abort_midway(llm, prompts, params) -> None:
         engine.step()
     engine.abort_request(ids)
     scheduler = engine.engine_core.engine_core.scheduler
-    while scheduler.has_unfinished_requests():  # internal chunk prefills of aborted requests drain
+    while scheduler.has_unfinished_requests():  # chunk prefills of aborted requests drain
         engine.step()
 
 

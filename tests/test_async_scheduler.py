@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_ascend_chunk.metadata import ChunkSpans
-from vllm_ascend_chunk.scheduler.coordinator import JOB_ID_PREFIX
+from vllm_ascend_chunk.paging import slot_of
+from vllm_ascend_chunk.scheduler.coordinator import CHUNK_PREFILL_ID_PREFIX
 
 BLOCK = 16
 
@@ -77,7 +78,7 @@ def make_request(scheduler, rid: str, ids: list[int], spans: ChunkSpans | None =
     return Request(request_id=rid, prompt_token_ids=ids,
                    sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
                    pooling_params=None, arrival_time=time.time(), chunk_cache=info, priority=priority,
-                   block_hasher=scheduler._job_block_hasher)
+                   block_hasher=scheduler._prefill_block_hasher)
 
 
 def synthetic_output(scheduler_output, scheduler, token: int = 11):
@@ -94,7 +95,7 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
     """The last piece of a chunk prefill is scheduled (its forward runs), the prefill is
     preempted before its sampled token arrives, then the token finishes it: its K/V are complete
     and its entries must become resident, not be discarded and computed again."""
-    coordinator = scheduler.chunk_cache
+    coordinator = scheduler.connector.coordinator
     user = chunked_request(scheduler, "user", sys_len=5, chunk_lens=[40, 30], question_len=4)
     scheduler.add_request(user)
     in_flight: deque = deque()
@@ -107,7 +108,7 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
             scheduler._preempt_request(request, time.monotonic())
             preempted.append(request.request_id)
         last_piece = [scheduler.requests[r] for r in out.num_scheduled_tokens
-                      if r in coordinator.jobs and not scheduler.requests[r].is_prefill_chunk]
+                      if r in coordinator.prefills and not scheduler.requests[r].is_prefill_chunk]
         if len(in_flight) == 2 or not out.num_scheduled_tokens:  # the output of one step back
             for eco in scheduler.update_from_output(*in_flight.popleft()).values():
                 finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
@@ -117,7 +118,7 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
     assert finished == ["user"] and len(preempted) == 2
     assert stats.chunk_prefills == 2, "the preempted prefills' chunks were computed again"
     assert all(e.resident for e in coordinator.manager.entries.values())
-    assert coordinator.manager.pinned_entries == 0 and not coordinator.users and not coordinator.jobs
+    assert coordinator.manager.pinned_entries == 0 and not coordinator.users and not coordinator.prefills
     assert "ended early" not in caplog.text
 
 
@@ -168,7 +169,7 @@ def user_deltas(sys: tuple, docs: list[tuple]) -> list[int]:
     return [0] * len(sys) + [sum(map(len, docs[:k])) for k, d in enumerate(docs) for _ in d]
 
 
-def job_content(prompt: list[int], sys_len: int, position: int) -> Content:
+def prefill_content(prompt: list[int], sys_len: int, position: int) -> Content:
     """What a chunk prefill `SYS + C` computes at `position`."""
     sys, doc = tuple(prompt[:sys_len]), tuple(prompt[sys_len:]) or None
     return (sys, None, position) if position < sys_len else (sys, doc, position - sys_len)
@@ -180,7 +181,7 @@ class AsyncRun:
     checks the coordinator and the client outputs after every step."""
 
     def __init__(self, scheduler) -> None:
-        self.scheduler, self.coord = scheduler, scheduler.chunk_cache
+        self.scheduler, self.coord = scheduler, scheduler.connector.coordinator
         self.in_flight: deque = deque()
         self.pool: dict[int, Content] = {}
         self.contents: dict[str, list[Content]] = {}
@@ -231,17 +232,17 @@ class AsyncRun:
         if self.in_flight and (len(self.in_flight) == 2 or not self.in_flight[-1][0].num_scheduled_tokens
                                or not self.scheduler.has_requests()):
             self._apply(*self.in_flight.popleft())
-        check_bookkeeping(self.coord, self.coord.jobs)
+        check_bookkeeping(self.coord, self.coord.prefills)
         self.counts["steps"] += 1
 
     def _count_preemptions(self, out) -> None:
         """Requests vLLM preempted in this `schedule()` because the KV cache ran out (a chunk
         prefill with a placeholder: after its last piece was dispatched, its token in flight)."""
         for rid in out.preempted_req_ids or ():
-            job = rid.startswith(JOB_ID_PREFIX)
-            self.counts["job_preemptions" if job else "preemptions"] += 1
+            prefill = rid.startswith(CHUNK_PREFILL_ID_PREFIX)
+            self.counts["prefill_preemptions" if prefill else "preemptions"] += 1
             request = self.scheduler.requests.get(rid)
-            self.counts["job_preemptions_in_flight"] += job and request.num_output_placeholders > 0
+            self.counts["prefill_preemptions_in_flight"] += prefill and request.num_output_placeholders > 0
 
     def _slot_tokens(self, out) -> dict[int, tuple[str, int]]:
         """KV slot → (request, token) of the chunk regions of the scheduled chunk-path requests."""
@@ -249,7 +250,7 @@ class AsyncRun:
         for rid in out.num_scheduled_tokens:
             block_ids = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
             for t in range(min(len(self.contents.get(rid, ())), len(block_ids) * BLOCK)):
-                slots[block_ids[t // BLOCK] * BLOCK + t % BLOCK] = (rid, t)
+                slots[slot_of(block_ids, BLOCK, t)] = (rid, t)
         return slots
 
     def _check_loads(self, out) -> None:
@@ -272,14 +273,14 @@ class AsyncRun:
         this step: its content goes into the pool row."""
         computed = {}
         for jid, n in out.num_scheduled_tokens.items():
-            if jid in self.coord.jobs:
+            if jid in self.coord.prefills:
                 request = self.scheduler.requests[jid]
                 block_ids = self.scheduler.kv_cache_manager.get_block_ids(jid)[0]
-                sys_len = self.coord.jobs[jid].parent.chunk_cache.sys_len
+                sys_len = self.coord.prefills[jid].parent.chunk_cache.sys_len
                 end = request.num_computed_tokens
                 for p in range(end - n, end):
-                    slot = block_ids[p // BLOCK] * BLOCK + p % BLOCK
-                    computed[slot] = job_content(request.prompt_token_ids, sys_len, p)
+                    slot = slot_of(block_ids, BLOCK, p)
+                    computed[slot] = prefill_content(request.prompt_token_ids, sys_len, p)
         meta = out.kv_connector_metadata
         for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):
             assert slot in computed, f"slot {slot} saved, but no chunk prefill computed it this step"
@@ -287,13 +288,13 @@ class AsyncRun:
 
     def _apply(self, out, model_output) -> None:
         for eco in self.scheduler.update_from_output(out, model_output).values():
-            assert not any(r.startswith(JOB_ID_PREFIX) for r in eco.finished_requests or ())
+            assert not any(r.startswith(CHUNK_PREFILL_ID_PREFIX) for r in eco.finished_requests or ())
             for output in eco.outputs:
                 self._client_output(output)
 
     def _client_output(self, output) -> None:
         rid = output.request_id
-        assert not rid.startswith(JOB_ID_PREFIX), "a chunk prefill's output reached a client"
+        assert not rid.startswith(CHUNK_PREFILL_ID_PREFIX), "a chunk prefill's output reached a client"
         assert rid not in self.finished and rid not in self.aborted, f"{rid} output after its end"
         self.tokens[rid] += output.new_token_ids
         if output.finish_reason is not None:
@@ -308,7 +309,7 @@ class AsyncRun:
             self.step()
             self.counts["drain_steps"] += 1
         assert not self.scheduler.requests, f"never finished: {sorted(self.scheduler.requests)}"
-        assert not self.coord.users and not self.coord.jobs
+        assert not self.coord.users and not self.coord.prefills
         check_drained(self.coord)
         assert self.finished | self.aborted == self.max_tokens.keys()
         stats = self.coord.manager.stats
@@ -363,8 +364,8 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
         totals["examples"] += 1
 
     run_one()
-    reached = ("load_steps", "hits", "inflight_joins", "evictions", "preemptions", "job_preemptions",
-               "job_preemptions_in_flight", "aborts", "resets", "reset_preemptions")
+    reached = ("load_steps", "hits", "inflight_joins", "evictions", "preemptions", "prefill_preemptions",
+               "prefill_preemptions_in_flight", "aborts", "resets", "reset_preemptions")
     for what in reached:
         assert totals[what] > 0, f"no {what} in {dict(totals)}"
     assert (totals["sequential_load_steps"] > 0) == (get_config().layout == "sequential")

@@ -130,7 +130,7 @@ def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
     for state in states:  # nothing leaks: only the LRU holds pages, nothing pinned between rounds
         assert state["pinned_entries"] == 0 and state["pending_entries"] == 0
         assert state["used_pages"] == state["entry_pages"] <= 32
-        assert state["users"] == 0 and state["jobs"] == 0
+        assert state["users"] == 0 and state["prefills"] == 0
 
 
 def test_a_request_the_pool_cannot_take_yet_does_not_hold_up_a_cached_one(models_dir: Path):
@@ -148,7 +148,7 @@ def test_a_request_the_pool_cannot_take_yet_does_not_hold_up_a_cached_one(models
     check_round(model, raw_tok, [a, b, c], result["rounds"][1], 8, "blocked head")
     before, after = result["states"]
     assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (1, 5)
-    assert after["pinned_entries"] == 0 and after["users"] == 0 and after["jobs"] == 0
+    assert after["pinned_entries"] == 0 and after["users"] == 0 and after["prefills"] == 0
 
 
 def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path):
@@ -162,7 +162,7 @@ def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path):
     model, raw_tok = tools(models_dir, "tiny-llama")
     check_round(model, raw_tok, prompts, result["rounds"][0], 240, "preempted")
     state = result["states"][0]
-    assert state["pinned_entries"] == 0 and state["users"] == 0 and state["jobs"] == 0
+    assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0
 
 
 def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path):

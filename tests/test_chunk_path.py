@@ -18,7 +18,7 @@ def hf_model(models_dir: Path):
 
 @pytest.fixture(scope="module")
 def coordinator(tiny_llama_llm):
-    return tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler.chunk_cache
+    return tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler.connector.coordinator
 
 
 def generate(llm, prompts, max_tokens=MAX_TOKENS):
@@ -141,7 +141,7 @@ def test_aborts_leave_no_pins(tiny_llama_llm, coordinator):
         engine.step()
     manager = coordinator.manager
     assert manager.pinned_entries == 0
-    assert not coordinator.users and not coordinator.jobs
+    assert not coordinator.users and not coordinator.prefills
     assert all(e.resident for e in manager.entries.values())
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
 
@@ -160,7 +160,7 @@ def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(tiny_llama_llm,
                                             "Never answered?"), SamplingParams(max_tokens=4))
     engine.step()  # its chunk prefills are running
     engine.abort_request(["orphan"])
-    assert coordinator.jobs
+    assert coordinator.prefills
     tiny_llama_llm.reset_prefix_cache()  # False: vLLM's prefix cache keeps the orphans' blocks
     assert manager.entries == {} and manager.used_pages > 0  # the orphans' pages stay taken
     prefills, hits = manager.stats.chunk_prefills, manager.stats.hits
@@ -169,7 +169,7 @@ def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(tiny_llama_llm,
     check(tiny_llama_llm, hf_model, raw_tok, after)
     assert manager.stats.hits == hits, "nothing from before the reset is loaded"
     assert manager.stats.chunk_prefills - prefills == 4  # every chunk again (SYS with the first)
-    assert not coordinator.jobs and manager.pinned_entries == 0
+    assert not coordinator.prefills and manager.pinned_entries == 0
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
 
 

@@ -21,7 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkJob, UserStatus
+from vllm_ascend_chunk.paging import pages_for, slot_of
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, UserStatus
 
 BLOCK = 4
 """Paged-KV block size of the fake engine."""
@@ -93,8 +94,8 @@ def coordinator(num_pages: int, priority: bool = False) -> ChunkCacheCoordinator
     return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority)
 
 
-def job_request(job: ChunkJob) -> FakeRequest:
-    return FakeRequest(job.request_id, job.token_ids)
+def prefill_request(prefill: ChunkPrefill) -> FakeRequest:
+    return FakeRequest(prefill.request_id, prefill.token_ids)
 
 
 _BLOCK_BASES: dict[str, int] = {}
@@ -102,27 +103,23 @@ _BLOCK_BASES: dict[str, int] = {}
 
 def blocks_for(request: FakeRequest) -> FakeBlocks:
     """The blocks of a request: its own range, the same at every call."""
-    n = -(-len(request.prompt_token_ids) // BLOCK)
+    n = pages_for(len(request.prompt_token_ids), BLOCK)
     base = _BLOCK_BASES.setdefault(request.request_id, len(_BLOCK_BASES)) * 100
     return FakeBlocks(list(range(base, base + n)))
 
 
-def slot_of(block_ids: list[int], token: int) -> int:
-    return block_ids[token // BLOCK] * BLOCK + token % BLOCK
+def prefill_step(prefills: list[ChunkPrefill], others: dict[str, int] | None = None) -> FakeOutput:
+    """A step that computes these new prefills' whole prompts (and one token of `others`)."""
+    new = [FakeNewRequest(p.request_id, blocks_for(prefill_request(p)).get_block_ids()) for p in prefills]
+    return FakeOutput({p.request_id: len(p.token_ids) for p in prefills} | (others or {}), new)
 
 
-def job_step(jobs: list[ChunkJob], others: dict[str, int] | None = None) -> FakeOutput:
-    """A step that computes these new jobs' whole prompts (and one token of `others`)."""
-    new = [FakeNewRequest(j.request_id, blocks_for(job_request(j)).get_block_ids()) for j in jobs]
-    return FakeOutput({j.request_id: len(j.token_ids) for j in jobs} | (others or {}), new)
-
-
-def run_jobs(coord: ChunkCacheCoordinator, jobs: list[ChunkJob]) -> None:
-    """Schedule the jobs for one step, then finish them with their sampled token."""
-    coord.build_connector_meta(job_step(jobs))
-    for job in jobs:
-        coord.request_finished(FakeRequest(job.request_id, job.token_ids, num_output_tokens=1,
-                                           num_computed_tokens=len(job.token_ids)))
+def run_prefills(coord: ChunkCacheCoordinator, prefills: list[ChunkPrefill]) -> None:
+    """Schedule the prefills for one step, then finish them with their sampled token."""
+    coord.build_connector_meta(prefill_step(prefills))
+    for prefill in prefills:
+        coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1,
+                                           num_computed_tokens=len(prefill.token_ids)))
 
 
 def admit(coord: ChunkCacheCoordinator, request: FakeRequest, local_hit: int = 0):
@@ -137,12 +134,12 @@ def test_query_changes_nothing():
     coord = coordinator(16)
     req = user_request("r", [b"d0", b"d1"])
     coord.on_new_request(req)
-    jobs = coord.plan()
+    prefills = coord.plan()
     assert coord.get_num_new_matched_tokens(req, 0) == (None, False)
     assert coord.get_num_new_matched_tokens(req, req.chunk_cache.question_start) == (0, False)
     assert coord.users["r"].status is UserStatus.PLANNED
     assert all(e.pins == 1 for e in coord.users["r"].entries)
-    run_jobs(coord, jobs)
+    run_prefills(coord, prefills)
     for _ in range(2):
         assert coord.get_num_new_matched_tokens(req, 4) == (req.chunk_cache.question_start - 4, False)
     assert coord.users["r"].status is UserStatus.PLANNED and coord.manager.pinned_entries == 3
@@ -152,7 +149,7 @@ def test_load_then_preemption_plans_again_without_counting_twice():
     coord = coordinator(16)
     req = user_request("r", [b"d0", b"d1"])
     coord.on_new_request(req)
-    run_jobs(coord, coord.plan())
+    run_prefills(coord, coord.plan())
     meta = admit(coord, req)
     assert len(meta.load_rows) == req.chunk_cache.question_start
     assert coord.users["r"].status is UserStatus.LOADED and coord.manager.pinned_entries == 0
@@ -166,10 +163,10 @@ def test_saves_follow_each_piece_of_a_chunk_prefill_and_its_blocks_after_preempt
     """Chunked prefill: each step saves the tokens it computes, from the slots of the blocks the
     scheduler outputs announced (appended while running, replaced when resumed)."""
     coord = coordinator(16)
-    req = user_request("r", [b"d3"], sys_len=2)  # the job: SYS (2) + d3 (8) = 10 tokens
+    req = user_request("r", [b"d3"], sys_len=2)  # the prefill: SYS (2) + d3 (8) = 10 tokens
     coord.on_new_request(req)
-    (job,) = coord.plan()
-    rid, rows = job.request_id, job.pool_rows
+    (prefill,) = coord.plan()
+    rid, rows = prefill.request_id, prefill.pool_rows
     meta = coord.build_connector_meta(FakeOutput({rid: 6}, [FakeNewRequest(rid, ([7, 3],))]))
     assert (meta.save_rows, meta.save_slots) == (rows[:6], [28, 29, 30, 31, 12, 13])
     cached = FakeCachedRequests([rid], set(), [([5],)], [6])
@@ -191,16 +188,16 @@ def test_prefix_cache_hit_of_the_whole_region_loads_nothing():
 
 
 def test_chunk_prefill_preempted_after_its_last_forward_still_fills_the_pool():
-    """Async scheduling: the job's last piece ran, the job was preempted (num_computed_tokens
+    """Async scheduling: the prefill's last piece ran, the prefill was preempted (num_computed_tokens
     back to 0), then its sampled token arrived and finished it."""
     coord = coordinator(16)
     req = user_request("r", [b"d0"])
     coord.on_new_request(req)
-    (job,) = coord.plan()
-    coord.build_connector_meta(job_step([job]))
-    coord.request_finished(FakeRequest(job.request_id, job.token_ids, num_output_tokens=1,
+    (prefill,) = coord.plan()
+    coord.build_connector_meta(prefill_step([prefill]))
+    coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1,
                                        num_computed_tokens=0, status="FINISHED_LENGTH_CAPPED"))
-    assert all(e.resident for e in job.entries)
+    assert all(e.resident for e in prefill.entries)
     assert coord.users["r"].ready
 
 
@@ -208,24 +205,24 @@ def test_chunk_prefill_ended_without_output_is_planned_again():
     coord = coordinator(16)
     req = user_request("r", [b"d0"])
     coord.on_new_request(req)
-    (job,) = coord.plan()
-    coord.request_finished(FakeRequest(job.request_id, job.token_ids, status="FINISHED_ABORTED"))
+    (prefill,) = coord.plan()
+    coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids, status="FINISHED_ABORTED"))
     assert coord.users["r"].status is UserStatus.WAITING and coord.manager.entries == {}
     (again,) = coord.plan()
-    assert again.token_ids == job.token_ids
+    assert again.token_ids == prefill.token_ids
 
 
 def test_reset_with_a_prefill_in_flight_never_hands_its_pages_out():
     coord = coordinator(4)  # 16 rows
     first = user_request("a", [b"d5"])  # SYS 2 + 9 tokens: 1 + 3 pages
     coord.on_new_request(first)
-    (job,) = coord.plan()
+    (prefill,) = coord.plan()
     coord.request_finished(first)  # the client went away; its chunk prefill goes on
     coord.reset()
     second = user_request("b", [b"d3"], salt=b"x")  # 1 + 2 pages: does not fit beside the orphan
     coord.on_new_request(second)
     assert coord.plan() == []
-    run_jobs(coord, [job])  # the orphan ends: its pages come back, its entries stay dropped
+    run_prefills(coord, [prefill])  # the orphan ends: its pages come back, its entries stay dropped
     assert len(coord.plan()) == 1
     assert coord.manager.entries.keys() == {b"s2x", b"s2x/d3"}
 
@@ -234,7 +231,7 @@ def test_reset_unplans_requests_pinned_on_resident_entries():
     coord = coordinator(16)
     warm = user_request("w", [b"d0"])
     coord.on_new_request(warm)
-    run_jobs(coord, coord.plan())
+    run_prefills(coord, coord.plan())
     waiting = user_request("r", [b"d0"])
     coord.on_new_request(waiting)
     assert coord.plan() == [] and coord.users["r"].ready
@@ -247,7 +244,7 @@ def test_blocked_request_does_not_block_a_fully_cached_one_behind_it():
     coord = coordinator(6)  # 24 rows
     warm = user_request("w", [b"d0"])  # SYS + d0: 2 pages
     coord.on_new_request(warm)
-    run_jobs(coord, coord.plan())
+    run_prefills(coord, coord.plan())
     holder = user_request("h", [b"d3"])  # 2 pages, its prefill in flight
     coord.on_new_request(holder)
     coord.plan()
@@ -266,10 +263,10 @@ def test_blocked_request_does_not_block_a_fully_cached_one_behind_it():
 def test_blocked_head_is_not_starved_by_pins_behind_it():
     coord = coordinator(5)  # 20 rows
     coord.on_new_request(warm := user_request("w", [b"d0", b"d1"]))  # SYS + d0 + d1: 3 pages
-    run_jobs(coord, coord.plan())
+    run_prefills(coord, coord.plan())
     admit(coord, warm)
     coord.on_new_request(user_request("holder", [b"d4"]))  # 1 page, in flight: 1 page left
-    holder_jobs = coord.plan()
+    holder_prefills = coord.plan()
     ahead = user_request("ahead", [b"d0", b"d1"])  # pins d0 and d1
     head = user_request("head", [b"d3"])  # needs 2 pages: d0 or d1 must go, both pinned
     behind = user_request("behind", [b"d0", b"d1"])  # fully cached
@@ -280,10 +277,10 @@ def test_blocked_head_is_not_starved_by_pins_behind_it():
     admit(coord, ahead)  # `behind` is not admitted this step (say, no token budget left)
     # At the next plan the pins of `behind` go first: the head evicts what it needs, and
     # `behind` waits for its documents again, behind the head.
-    jobs = coord.plan()
-    assert coord.users["head"].status is UserStatus.PLANNED and len(jobs) == 1
+    prefills = coord.plan()
+    assert coord.users["head"].status is UserStatus.PLANNED and len(prefills) == 1
     assert coord.users["behind"].status is UserStatus.WAITING
-    run_jobs(coord, holder_jobs + jobs)
+    run_prefills(coord, holder_prefills + prefills)
 
 
 def test_priority_order_plans_the_higher_priority_request_first():
@@ -292,9 +289,9 @@ def test_priority_order_plans_the_higher_priority_request_first():
     high = user_request("high", [b"d3"], arrival=2.0, priority=0, salt=b"x")  # 1 + 2 pages
     for req in (low, high):
         coord.on_new_request(req)
-    jobs = coord.plan()
+    prefills = coord.plan()
     assert coord.users["high"].status is UserStatus.PLANNED
-    assert coord.users["low"].status is UserStatus.WAITING and len(jobs) == 1
+    assert coord.users["low"].status is UserStatus.WAITING and len(prefills) == 1
 
 
 # -- random operation sequences ------------------------------------------------------------------
@@ -307,10 +304,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.coord: ChunkCacheCoordinator
         self.waiting: dict[str, FakeRequest] = {}
         self.running: dict[str, FakeRequest] = {}
-        self.jobs_todo: dict[str, ChunkJob] = {}
-        self.jobs_ran: dict[str, ChunkJob] = {}
+        self.prefills_todo: dict[str, ChunkPrefill] = {}
+        self.prefills_ran: dict[str, ChunkPrefill] = {}
         self.generation = 0
-        self.job_generation: dict[str, int] = {}
+        self.prefill_generation: dict[str, int] = {}
         self.rows: dict[int, tuple[bytes, int, int]] = {}
         self.n = 0
 
@@ -326,7 +323,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.n += 1
         req = user_request(f"u{self.n}", docs, sys_len=sys_len, salt=salt, priority=priority,
                            arrival=float(self.n))
-        pages = sum(-(-n // PAGE) for n in {**dict.fromkeys([b"s"], sys_len),
+        pages = sum(pages_for(n, PAGE) for n in {**dict.fromkeys([b"s"], sys_len),
                                             **{d: DOCS[d] for d in docs}}.values())
         if pages > self.coord.manager.num_pages:  # the frontend refuses it (`check_fits`)
             return
@@ -336,11 +333,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def step(self, data) -> None:
         """One `schedule()` and its forward; most chunk prefills that ran get their token at the
-        end of it, others stay in flight (async scheduling) until `job_ends`."""
+        end of it, others stay in flight (async scheduling) until `prefill_ends`."""
         coord = self.coord
-        for job in coord.plan():
-            self.jobs_todo[job.request_id] = job
-            self.job_generation[job.request_id] = self.generation
+        for prefill in coord.plan():
+            self.prefills_todo[prefill.request_id] = prefill
+            self.prefill_generation[prefill.request_id] = self.generation
         admitted = []
         for rid, req in list(self.waiting.items()):
             start = req.chunk_cache.question_start
@@ -351,36 +348,37 @@ class CoordinatorMachine(RuleBasedStateMachine):
             coord.update_state_after_alloc(req, blocks_for(req), n)
             admitted.append((req, local))
             self.running[rid] = self.waiting.pop(rid)
-        ran = [j for j in self.jobs_todo.values() if data.draw(st.booleans())]
-        meta = coord.build_connector_meta(job_step(ran, {rid: 1 for rid in self.running}))
+        ran = [p for p in self.prefills_todo.values() if data.draw(st.booleans())]
+        meta = coord.build_connector_meta(prefill_step(ran, {rid: 1 for rid in self.running}))
         self._check_loads(meta, admitted)
         self._save(meta, ran)
-        for job in ran:
-            self.jobs_todo.pop(job.request_id)
+        for prefill in ran:
+            self.prefills_todo.pop(prefill.request_id)
             if data.draw(st.sampled_from([True, True, True, False])):
-                coord.request_finished(FakeRequest(job.request_id, job.token_ids, num_output_tokens=1))
+                coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids,
+                                                   num_output_tokens=1))
             else:
-                self.jobs_ran[job.request_id] = job
+                self.prefills_ran[prefill.request_id] = prefill
 
-    def _save(self, meta, ran: list[ChunkJob]) -> None:
-        """After the forward: each saved slot's token (the job's K/V there) into its pool row."""
+    def _save(self, meta, ran: list[ChunkPrefill]) -> None:
+        """After the forward: each saved slot's token (the prefill's K/V there) into its pool row."""
         assert not set(meta.save_rows) & set(meta.load_rows), "a chunk prefill writes rows loaded in its step"
-        assert sorted(meta.save_rows) == sorted(r for j in ran for r in j.pool_rows if r >= 0)
-        computed = {slot_of(blocks_for(job_request(job)).ids, t): (job, t)
-                    for job in ran for t in range(len(job.token_ids))}
+        assert sorted(meta.save_rows) == sorted(r for p in ran for r in p.pool_rows if r >= 0)
+        computed = {slot_of(blocks_for(prefill_request(prefill)).ids, BLOCK, t): (prefill, t)
+                    for prefill in ran for t in range(len(prefill.token_ids))}
         for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):
-            job, t = computed[slot]
-            key, index = self._job_tokens(job)[t]
-            assert key, f"{job.request_id} token {t} saved, but it belongs to no entry it fills"
-            self.rows[row] = (key, index, self.job_generation[job.request_id])
+            prefill, t = computed[slot]
+            key, index = self._prefill_tokens(prefill)[t]
+            assert key, f"{prefill.request_id} token {t} saved, but it belongs to no entry it fills"
+            self.rows[row] = (key, index, self.prefill_generation[prefill.request_id])
 
     @staticmethod
-    def _job_tokens(job: ChunkJob) -> list[tuple[bytes, int]]:
-        """(entry key, token index) of each prompt token of a job (key b"": not stored)."""
-        if len(job.entries) == 2:  # SYS + chunk
-            return [(e.key, t) for e in job.entries for t in range(e.num_tokens)]
-        entry = job.entries[0]  # a chunk after a SYS not stored, or SYS alone
-        skipped = len(job.token_ids) - entry.num_tokens
+    def _prefill_tokens(prefill: ChunkPrefill) -> list[tuple[bytes, int]]:
+        """(entry key, token index) of each prompt token of a prefill (key b"": not stored)."""
+        if len(prefill.entries) == 2:  # SYS + chunk
+            return [(e.key, t) for e in prefill.entries for t in range(e.num_tokens)]
+        entry = prefill.entries[0]  # a chunk after a SYS not stored, or SYS alone
+        skipped = len(prefill.token_ids) - entry.num_tokens
         return [(b"", t) for t in range(skipped)] + [(entry.key, t) for t in range(entry.num_tokens)]
 
     def _check_loads(self, meta, admitted: list[tuple[FakeRequest, int]]) -> None:
@@ -394,13 +392,14 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert [self.rows.get(r) for r in meta.load_rows] == expected
 
     @rule(data=st.data(), sampled=st.booleans())
-    @precondition(lambda self: self.jobs_ran or self.jobs_todo)
-    def job_ends(self, data, sampled: bool) -> None:
-        """A job ends: with its token if its forward ran, or early (never ran, or failed)."""
-        rid = data.draw(st.sampled_from(sorted(self.jobs_todo.keys() | self.jobs_ran.keys())))
-        ran = rid in self.jobs_ran
-        job = self.jobs_ran.pop(rid, None) or self.jobs_todo.pop(rid)
-        self.coord.request_finished(FakeRequest(rid, job.token_ids, num_output_tokens=int(ran and sampled)))
+    @precondition(lambda self: self.prefills_ran or self.prefills_todo)
+    def prefill_ends(self, data, sampled: bool) -> None:
+        """A prefill ends: with its token if its forward ran, or early (never ran, or failed)."""
+        rid = data.draw(st.sampled_from(sorted(self.prefills_todo.keys() | self.prefills_ran.keys())))
+        ran = rid in self.prefills_ran
+        prefill = self.prefills_ran.pop(rid, None) or self.prefills_todo.pop(rid)
+        self.coord.request_finished(FakeRequest(rid, prefill.token_ids,
+                                                num_output_tokens=int(ran and sampled)))
 
     @rule(data=st.data())
     @precondition(lambda self: self.waiting or self.running)
@@ -424,22 +423,22 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @invariant()
     def bookkeeping(self) -> None:
         coord = self.coord
-        live_jobs = {**self.jobs_todo, **self.jobs_ran}
-        assert coord.jobs.keys() == live_jobs.keys()
-        check_bookkeeping(coord, live_jobs)
+        live_prefills = {**self.prefills_todo, **self.prefills_ran}
+        assert coord.prefills.keys() == live_prefills.keys()
+        check_bookkeeping(coord, live_prefills)
         assert coord.users.keys() == self.waiting.keys() | self.running.keys()
 
     def teardown(self) -> None:
         """Drain: with every prefill run and every ready request admitted, all requests load and
         the pool ends with no pins and no pending entries (no deadlock, no starvation)."""
         for _ in range(40):
-            if not (self.waiting or self.jobs_todo or self.jobs_ran):
+            if not (self.waiting or self.prefills_todo or self.prefills_ran):
                 break
-            for job in self.coord.plan():
-                self.jobs_todo[job.request_id] = job
-            jobs = list(self.jobs_todo.values()) + list(self.jobs_ran.values())
-            self.jobs_todo, self.jobs_ran = {}, {}
-            run_jobs(self.coord, jobs)
+            for prefill in self.coord.plan():
+                self.prefills_todo[prefill.request_id] = prefill
+            prefills = list(self.prefills_todo.values()) + list(self.prefills_ran.values())
+            self.prefills_todo, self.prefills_ran = {}, {}
+            run_prefills(self.coord, prefills)
             for rid, req in list(self.waiting.items()):
                 n, _ = self.coord.get_num_new_matched_tokens(req, 0)
                 if n is not None:

@@ -137,7 +137,7 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
             ref = reference_of(model, raw_tok, prompt, len(out["tokens"]), layout)
             compared.append(compare(out, ref, tol, f"{name} {layout} round {r}"))
     for state in result["states"]:
-        assert state["pinned_entries"] == 0 and state["users"] == 0 and state["jobs"] == 0, state
+        assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0, state
     record(f"{name}-{layout}", {"engine": result["engine"], "delta": delta, "tol": tol,
                                 "answers": len(compared), "steps": sum(c["steps"] for c in compared),
                                 "near_tie_stops": sum(c["stopped_at_near_tie"] is not None for c in compared),

@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_ascend_chunk.frontend.parser import ChunkParser, ChunkPromptError
+from vllm_ascend_chunk.geometry import PAGE_SIZE
+from vllm_ascend_chunk.paging import pages_for
 
 FIXED = cc.chunked(cc.SYS, [cc.document(1200 + i, 40) for i in range(3)], "Which ferry is fixed?")
 
@@ -85,11 +87,11 @@ def workload(seed: int) -> tuple[str, list[str], list[str]]:
 
 
 def pool_pages(raw_tok, system: str, docs: list[str]) -> float:
-    """The fraction of the pool the entries of `system` and `docs` take (16-token pages)."""
+    """The fraction of the pool the entries of `system` and `docs` take (pages of `PAGE_SIZE` tokens)."""
     lens = [len(raw_tok.encode(system).ids)] + [len(raw_tok.encode(d, add_special_tokens=False).ids)
                                                  for d in docs]
-    num_pages = int(float(os.environ["VLLM_CHUNK_CACHE_SIZE_GB"]) * 2**30) // (1024 * 16)
-    return sum(-(-n // 16) for n in lens) / num_pages
+    num_pages = int(float(os.environ["VLLM_CHUNK_CACHE_SIZE_GB"]) * 2**30) // (1024 * PAGE_SIZE)
+    return sum(pages_for(n, PAGE_SIZE) for n in lens) / num_pages
 
 
 def concurrent_clients(url: str, prompts: list[str], clients: int = 64) -> tuple[list[str], list[list[int]]]:

@@ -5,6 +5,10 @@ chunks are in the pool, then reports their chunk region as externally computed a
 loads; the worker role owns the pool and executes each step's operations. The connector is
 configured automatically (`engine_config.configure`); users never pass `--kv-transfer-config`.
 
+The scheduler role is the one way into the chunk cache's scheduler side: vLLM's scheduler calls
+its KV-connector methods, and `ChunkCacheScheduler` calls the few more it needs (planning chunk
+prefills, hiding their outputs, preemption, stats), all delegated to `ChunkCacheCoordinator`.
+
 It declares `SupportsHMA` so that vLLM keeps its hybrid KV cache manager on: the chunk cache is
 only configured for models whose layers form a single full-attention KV cache group
 (`engine_config`), where the hybrid manager behaves as the single-group one.
@@ -12,7 +16,7 @@ only configured for models whose layers form a single full-attention KV cache gr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -22,10 +26,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from vllm_ascend_chunk.geometry import pool_geometry
-from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, ChunkCachePromMetrics
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
+from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, ChunkCachePromMetrics, stats_payload
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 
 class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
@@ -42,29 +49,48 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
             self.chunk_worker = ChunkCacheWorker(vllm_config, geometry)
 
     # -- scheduler role ------------------------------------------------------------------------
-    def on_new_request(self, request) -> None:
+    def on_new_request(self, request: Request) -> None:
         self.coordinator.on_new_request(request)
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
         return self.coordinator.get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         self.coordinator.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return self.coordinator.build_connector_meta(scheduler_output)
 
-    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
         self.coordinator.request_finished(request)
         return False, None
 
-    def request_finished_all_groups(self, request, block_ids: tuple[list[int], ...]
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]
                                     ) -> tuple[bool, dict[str, Any] | None]:
         """`request_finished` for the hybrid manager: one group, blocks freed by vLLM at once."""
         return self.request_finished(request, block_ids[0])
 
     def reset_cache(self) -> bool | None:
         return self.coordinator.reset()
+
+    # -- scheduler role, called by `ChunkCacheScheduler` only (not part of vLLM's connector API) --
+    def plan(self) -> list[ChunkPrefill]:
+        """Chunk prefills to add as requests before a step is scheduled (`ChunkCacheCoordinator.plan`)."""
+        return self.coordinator.plan()
+
+    def take_prefill_ids_to_hide(self) -> set[str]:
+        """Request ids whose outputs must not reach clients: chunk prefills running or just ended."""
+        return self.coordinator.take_prefill_ids_to_hide()
+
+    def on_preempted(self, request: Request) -> None:
+        """vLLM's scheduler preempted `request` (it lost its blocks, and with them any loaded chunks)."""
+        self.coordinator.on_preempted(request)
+
+    def stats_payload(self) -> dict[str, int | float]:
+        """The statistics payload for this step's `SchedulerStats` (`vllm_ascend_chunk.metrics`)."""
+        return stats_payload(self.coordinator.manager)
 
     # -- statistics (payload made by the scheduler, see `vllm_ascend_chunk.metrics`) -------------
     @classmethod

@@ -8,11 +8,12 @@ size the tensors, and the engine core to carve the pool out of the paged-KV budg
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.paging import pages_for
 
 PAGE_SIZE = 16
 """Tokens per pool page."""
@@ -40,7 +41,7 @@ class PoolGeometry:
         return self.num_rows * self.bytes_per_token
 
     def pages_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
+        return pages_for(num_tokens, self.page_size)
 
 
 def kv_dtype(vllm_config) -> torch.dtype:
@@ -60,7 +61,7 @@ def pool_geometry(vllm_config) -> PoolGeometry:
     dtype = kv_dtype(vllm_config)
     if layers == 0:  # `engine_config` turns the chunk cache off for such models first
         raise ValueError("Chunk Cache needs attention layers; this model has none.")
-    per_token = layers * 2 * heads * head_size * dtype.itemsize
-    num_pages = int(get_config().size_gb * 2**30) // (per_token * PAGE_SIZE)
-    return PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype,
-                        num_pages=num_pages)
+    shape = PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype,
+                         num_pages=0)
+    page_bytes = shape.bytes_per_token * shape.page_size
+    return replace(shape, num_pages=int(get_config().size_gb * 2**30) // page_bytes)

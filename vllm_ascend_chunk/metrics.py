@@ -22,19 +22,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
+from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, ChunkCacheStats
 
 PREFIX = "vllm:chunk_cache_"
 
-COUNTERS = {
-    "hits": "Chunk occurrences found resident in the pool when a request was planned.",
-    "misses": "Chunk occurrences not resident (computed, or joined a prefill in flight).",
-    "hit_tokens": "Tokens of the chunk hits (loaded from the pool instead of computed).",
-    "miss_tokens": "Tokens of the chunk misses.",
-    "inflight_joins": "Misses served by a chunk prefill another request had already started.",
-    "evictions": "Pool entries evicted (least recently used first).",
-    "chunk_prefills": "Internal prefills run to compute missing chunks (SYS + chunk).",
-}
+COUNTERS = {f.name: f.metadata["doc"] for f in dataclasses.fields(ChunkCacheStats)}
+"""Counter name → help text: the fields of `ChunkCacheStats`."""
 GAUGES = {
     "usage_ratio": "Fraction of the chunk pool's pages in use (0..1).",
     "entries": "Entries in the pool (resident or being computed).",
@@ -44,10 +37,15 @@ GAUGES = {
 
 def stats_payload(manager: ChunkCacheManager) -> dict[str, int | float]:
     """The manager's counter totals and pool gauges, as sent with every `SchedulerStats`."""
-    data: dict[str, int | float] = {name: getattr(manager.stats, name) for name in COUNTERS}
+    data: dict[str, int | float] = dataclasses.asdict(manager.stats)
     data.update(usage_ratio=manager.usage_ratio, entries=len(manager.entries),
                 pinned_entries=manager.pinned_entries)
     return data
+
+
+def _hit_rate(hits: float, misses: float) -> float | None:
+    """Hits over chunk occurrences; None before the first occurrence."""
+    return hits / (hits + misses) if hits + misses else None
 
 
 class ChunkCacheConnectorStats(KVConnectorStats):
@@ -62,9 +60,9 @@ class ChunkCacheConnectorStats(KVConnectorStats):
 
     def reduce(self) -> dict[str, int | float | str]:
         d = self.data
-        occurrences = d["hits"] + d["misses"]
+        rate = _hit_rate(d["hits"], d["misses"])
         return {"chunk_hits": d["hits"], "chunk_misses": d["misses"],
-                "chunk_hit_rate": f"{100 * d['hits'] / occurrences:.1f}%" if occurrences else "-",
+                "chunk_hit_rate": "-" if rate is None else f"{100 * rate:.1f}%",
                 "chunk_prefills": d["chunk_prefills"], "evictions": d["evictions"],
                 "pool_usage": f"{100 * d['usage_ratio']:.1f}%", "pinned_entries": d["pinned_entries"]}
 
@@ -102,6 +100,10 @@ class ChunkCachePromMetrics(KVConnectorPromMetrics):
                 per_engine[engine_idx].set(transfer_stats_data[name])
 
 
+_API_NAMES = {"hits": "hit_count", "misses": "miss_count"}
+"""The `ChunkCacheMetrics` field of each counter whose name differs from it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ChunkCacheMetrics:
     """The chunk cache's counters since the engine started and its current pool state."""
@@ -120,8 +122,7 @@ class ChunkCacheMetrics:
     @property
     def hit_rate(self) -> float:
         """Hits over chunk occurrences (0.0 before the first chunked request)."""
-        total = self.hit_count + self.miss_count
-        return self.hit_count / total if total else 0.0
+        return _hit_rate(self.hit_count, self.miss_count) or 0.0
 
     @classmethod
     def from_samples(cls, samples: Iterable[tuple[str, float]]) -> ChunkCacheMetrics:
@@ -133,13 +134,9 @@ class ChunkCacheMetrics:
         if not values:
             raise LookupError("no vllm:chunk_cache_* metrics: is the chunk cache enabled in this "
                               "engine, and has it run a step since it started?")
-        total = {name: int(sum(values[name])) for name in COUNTERS}
+        counters = {_API_NAMES.get(name, name): int(sum(values[name])) for name in COUNTERS}
         usage = values["usage_ratio"]
-        return cls(hit_count=total["hits"], miss_count=total["misses"],
-                   hit_tokens=total["hit_tokens"], miss_tokens=total["miss_tokens"],
-                   inflight_joins=total["inflight_joins"], evictions=total["evictions"],
-                   chunk_prefills=total["chunk_prefills"],
-                   usage_ratio=sum(usage) / len(usage) if usage else 0.0,
+        return cls(**counters, usage_ratio=sum(usage) / len(usage) if usage else 0.0,
                    entries=int(sum(values["entries"])),
                    pinned_entries=int(sum(values["pinned_entries"])))
 

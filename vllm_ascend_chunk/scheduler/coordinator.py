@@ -3,7 +3,7 @@
 Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitions:
 1. `on_new_request`: R is registered, WAITING.
 2. `plan` (start of every `schedule()`), WAITING → PLANNED: pin the entries of SYS and every C_i;
-   missing ones are created pending and one internal prefill job `SYS + C_i` is returned per
+   missing ones are created pending and one chunk prefill `SYS + C_i` is returned per
    missing chunk (the scheduler adds them as requests). Requests are planned in the scheduler's
    order (arrival, or priority); one the pool cannot take yet blocks only requests that would
    need new pool pages, never those whose chunks are all known (see `plan`).
@@ -18,8 +18,8 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 6. `on_preempted`, LOADED → WAITING (its blocks are gone: plan and load again);
    `request_finished`: pins released, R forgotten. `reset`: the pool is dropped and every
    PLANNED request is planned again (it must not load what the reset dropped).
-A job's tokens are copied from its paged-cache slots into its pending entries after each step
-that computes them (`save_rows`/`save_slots`); when the job has sampled its token (its whole
+A prefill's tokens are copied from its paged-cache slots into its pending entries after each step
+that computes them (`save_rows`/`save_slots`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
 """
 
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 
@@ -44,12 +45,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.chunk_cache")
 
-JOB_ID_PREFIX = "chunk-cache-prefill-"
+CHUNK_PREFILL_ID_PREFIX = "chunk-cache-prefill-"
 
 
 @dataclass
-class ChunkJob:
-    """An internal prefill `SYS + C_i` whose K/V fill pending pool entries."""
+class ChunkPrefill:
+    """A chunk prefill: a hidden request computing `SYS + C_i` whose K/V fill pending pool entries."""
 
     request_id: str
     token_ids: list[int]
@@ -57,7 +58,7 @@ class ChunkJob:
     """Pool row for each prompt token (-1: not stored)."""
     entries: list[Entry]
     parent: Request
-    """The user `Request` that caused the job (LoRA, salt, priority are taken from it)."""
+    """The user `Request` that caused the prefill (LoRA, salt, priority are taken from it)."""
     block_ids: list[int] = field(default_factory=list)
     """Its paged-cache blocks, as the scheduler outputs announce them."""
 
@@ -115,22 +116,22 @@ class ChunkCacheCoordinator:
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
         self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
         self.users: dict[str, UserRequest] = {}
-        self.jobs: dict[str, ChunkJob] = {}
-        self._job_ids = itertools.count()
-        self._job_id_prefix = f"{JOB_ID_PREFIX}{uuid.uuid4().hex[:8]}-"
-        self._ended_jobs: set[str] = set()
+        self.prefills: dict[str, ChunkPrefill] = {}
+        self._prefill_counter = itertools.count()
+        self._id_prefix = f"{CHUNK_PREFILL_ID_PREFIX}{uuid.uuid4().hex[:8]}-"
+        self._ended_prefills: set[str] = set()
         self._blocked: str | None = None
         """The request the pool could not take at the last `plan`, if any."""
         self._step = _Step()
 
-    def take_job_ids_to_hide(self) -> set[str]:
-        """Ids of jobs whose outputs must not reach clients: running ones and those just ended."""
-        hidden = self._ended_jobs | self.jobs.keys()
-        self._ended_jobs = set()
+    def take_prefill_ids_to_hide(self) -> set[str]:
+        """Ids of chunk prefills whose outputs must not reach clients: running, or just ended."""
+        hidden = self._ended_prefills | self.prefills.keys()
+        self._ended_prefills = set()
         return hidden
 
     # -- planning (called by the scheduler before each schedule) -----------------------------
-    def plan(self) -> list[ChunkJob]:
+    def plan(self) -> list[ChunkPrefill]:
         """Plan WAITING requests in scheduling order and return the chunk prefills to add.
 
         The first request the pool cannot take (all entries at once) becomes the blocked head.
@@ -141,7 +142,7 @@ class ChunkCacheCoordinator:
         """
         order = self._order()
         self._unplan_behind_blocked(order)
-        jobs: list[ChunkJob] = []
+        prefills: list[ChunkPrefill] = []
         self._blocked = None
         for user in order:
             if user.status is not UserStatus.WAITING:
@@ -155,9 +156,9 @@ class ChunkCacheCoordinator:
                 self._blocked = user.request.request_id
                 continue
             user.status, user.entries, user.counted = UserStatus.PLANNED, acquired.entries, True
-            jobs += self._jobs_for(user, acquired.created)
-        self.manager.stats.chunk_prefills += len(jobs)
-        return jobs
+            prefills += self._prefills_for(user, acquired.created)
+        self.manager.stats.chunk_prefills += len(prefills)
+        return prefills
 
     def _order(self) -> list[UserRequest]:
         users = list(self.users.values())  # arrival order
@@ -173,37 +174,40 @@ class ChunkCacheCoordinator:
             if user.status is UserStatus.PLANNED:
                 self._unplan(user)
 
-    def _jobs_for(self, user: UserRequest, created: Sequence[Entry]) -> list[ChunkJob]:
+    def _prefills_for(self, user: UserRequest, created: Sequence[Entry]) -> list[ChunkPrefill]:
         info, ids = user.info, user.request.prompt_token_ids
         sys_entry = user.entries[0] if info.sys_len else None
         store_sys = sys_entry is not None and sys_entry in created
-        jobs = []
+        prefills = []
         for i, entry in enumerate(user.entries[1 if info.sys_len else 0:]):
-            if entry not in created or any(entry in j.entries for j in jobs):
+            if entry not in created or any(entry in p.entries for p in prefills):
                 continue
             start, end = info.chunk_span(i)
             rows = (self._rows(sys_entry) if store_sys else [-1] * info.sys_len) + self._rows(entry)
-            jobs.append(self._job(ids[:info.sys_len] + ids[start:end], rows,
-                                  [sys_entry, entry] if store_sys else [entry], user))
+            prefills.append(self._new_prefill(ids[:info.sys_len] + ids[start:end], rows,
+                                              [sys_entry, entry] if store_sys else [entry], user))
             store_sys = False
         if store_sys:  # every chunk was resident, only SYS is missing
-            jobs.append(self._job(ids[:info.sys_len], self._rows(sys_entry), [sys_entry], user))
-        return jobs
+            prefills.append(self._new_prefill(ids[:info.sys_len], self._rows(sys_entry), [sys_entry],
+                                              user))
+        return prefills
 
-    def _job(self, token_ids: list[int], rows: list[int], entries: list[Entry],
-             user: UserRequest) -> ChunkJob:
-        job = ChunkJob(request_id=f"{self._job_id_prefix}{next(self._job_ids)}", token_ids=list(token_ids),
-                       pool_rows=rows, entries=entries, parent=user.request)
-        self.jobs[job.request_id] = job
-        return job
+    def _new_prefill(self, token_ids: list[int], rows: list[int], entries: list[Entry],
+                     user: UserRequest) -> ChunkPrefill:
+        prefill = ChunkPrefill(request_id=f"{self._id_prefix}{next(self._prefill_counter)}",
+                               token_ids=list(token_ids), pool_rows=rows, entries=entries,
+                               parent=user.request)
+        self.prefills[prefill.request_id] = prefill
+        return prefill
 
     def _rows(self, entry: Entry) -> list[int]:
         return entry.rows(self.manager.page_size)
 
     # -- KV-connector scheduler hooks -------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
+        """Register a chunk-path request; others, chunk prefills included, carry no `chunk_cache`."""
         info = getattr(request, "chunk_cache", None)
-        if info is not None and request.request_id not in self.jobs:
+        if info is not None:
             self.users[request.request_id] = UserRequest(request=request, info=info)
 
     def get_num_new_matched_tokens(self, request: Request,
@@ -231,7 +235,7 @@ class ChunkCacheCoordinator:
         start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
         self._step.load_rows += self._source_rows(user)[start:end]
-        self._step.load_slots += [self._slot(block_ids, t) for t in range(start, end)]
+        self._step.load_slots += [slot_of(block_ids, self.block_size, t) for t in range(start, end)]
         if self.layout == "sequential":
             self._step.load_deltas += self._sequential_deltas(user.info)[start:end]
         user.status = UserStatus.LOADING
@@ -257,36 +261,33 @@ class ChunkCacheCoordinator:
         """Pool row of every token before the question: SYS, then each chunk."""
         return [row for entry in user.entries for row in self._rows(entry)]
 
-    def _slot(self, block_ids: list[int], token: int) -> int:
-        return block_ids[token // self.block_size] * self.block_size + token % self.block_size
-
-    def _job_pieces(self, scheduler_output) -> dict[str, int]:
-        """Jobs scheduled this step → their first token computed in it; tracks their blocks."""
+    def _prefill_pieces(self, scheduler_output) -> dict[str, int]:
+        """Prefills scheduled this step → their first token computed in it; tracks their blocks."""
         pieces = {}
         for new in scheduler_output.scheduled_new_reqs:
-            if (job := self.jobs.get(new.req_id)) is not None:
-                job.block_ids = list(new.block_ids[0])
-                pieces[job.request_id] = new.num_computed_tokens
+            if (prefill := self.prefills.get(new.req_id)) is not None:
+                prefill.block_ids = list(new.block_ids[0])
+                pieces[prefill.request_id] = new.num_computed_tokens
         cached = scheduler_output.scheduled_cached_reqs
         for rid, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids,
                                              cached.num_computed_tokens, strict=True):
-            if (job := self.jobs.get(rid)) is None:
+            if (prefill := self.prefills.get(rid)) is None:
                 continue
             if rid in cached.resumed_req_ids:  # preempted, then given blocks anew
-                job.block_ids = []
-            job.block_ids += new_blocks[0] if new_blocks else []
+                prefill.block_ids = []
+            prefill.block_ids += new_blocks[0] if new_blocks else []
             pieces[rid] = computed
         return pieces
 
     def _saves(self, scheduler_output) -> tuple[list[int], list[int]]:
-        """Pool row and paged-cache slot of every job token computed this step that is stored."""
+        """Pool row and paged-cache slot of every stored chunk-prefill token computed this step."""
         rows, slots = [], []
-        for rid, first in self._job_pieces(scheduler_output).items():
-            job = self.jobs[rid]
+        for rid, first in self._prefill_pieces(scheduler_output).items():
+            prefill = self.prefills[rid]
             for t in range(first, first + scheduler_output.num_scheduled_tokens[rid]):
-                if job.pool_rows[t] >= 0:
-                    rows.append(job.pool_rows[t])
-                    slots.append(self._slot(job.block_ids, t))
+                if prefill.pool_rows[t] >= 0:
+                    rows.append(prefill.pool_rows[t])
+                    slots.append(slot_of(prefill.block_ids, self.block_size, t))
         return rows, slots
 
     def build_connector_meta(self, scheduler_output) -> ChunkCacheStepMetadata:
@@ -313,27 +314,27 @@ class ChunkCacheCoordinator:
             self._unplan(user)
 
     def request_finished(self, request: Request) -> None:
-        job = self.jobs.pop(request.request_id, None)
-        if job is not None:
-            self._ended_jobs.add(job.request_id)
-            self._job_finished(job, request)
+        prefill = self.prefills.pop(request.request_id, None)
+        if prefill is not None:
+            self._ended_prefills.add(prefill.request_id)
+            self._prefill_finished(prefill, request)
         user = self.users.pop(request.request_id, None)
         if user is not None:
             self._unplan(user)
 
-    def _job_finished(self, job: ChunkJob, request: Request) -> None:
-        # A job that sampled its token computed (and captured) its whole prompt, even if it was
+    def _prefill_finished(self, prefill: ChunkPrefill, request: Request) -> None:
+        # A prefill that sampled its token computed (and captured) its whole prompt, even if it was
         # preempted (async scheduling) after its last forward was dispatched.
         if request.num_output_tokens > 0:
-            for entry in job.entries:
+            for entry in prefill.entries:
                 self.manager.mark_resident(entry)
             return
         logger.warning("Chunk prefill %s ended early (%s); its chunks will be planned again",
-                       job.request_id, request.status)
+                       prefill.request_id, request.status)
         for user in self.users.values():
-            if user.entries is not None and any(e in user.entries for e in job.entries):
+            if user.entries is not None and any(e in user.entries for e in prefill.entries):
                 self._unplan(user)
-        for entry in job.entries:
+        for entry in prefill.entries:
             self.manager.discard(entry)
 
     def _unplan(self, user: UserRequest) -> None:

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from vllm_ascend_chunk.paging import pages_for, slot_of
+
 
 @dataclass(eq=False)
 class Entry:
@@ -31,27 +33,26 @@ class Entry:
 
     def rows(self, page_size: int) -> list[int]:
         """Pool rows of the entry's tokens, in token order."""
-        return [self.pages[t // page_size] * page_size + t % page_size for t in range(self.num_tokens)]
+        return [slot_of(self.pages, page_size, t) for t in range(self.num_tokens)]
+
+
+def _counter(doc: str) -> int:
+    """A `ChunkCacheStats` counter: starts at 0; `doc` is also its Prometheus help text."""
+    return field(default=0, metadata={"doc": doc})
 
 
 @dataclass
 class ChunkCacheStats:
-    hits: int = 0
-    """Chunk occurrences found resident when a request was planned."""
-    misses: int = 0
-    """Chunk occurrences not resident (computed, or joined a prefill already in flight)."""
-    hit_tokens: int = 0
-    miss_tokens: int = 0
-    inflight_joins: int = 0
-    """Misses served by a chunk prefill another request had already started."""
-    evictions: int = 0
-    chunk_prefills: int = 0
-    """Internal prefill requests run to fill the pool."""
+    """Running totals since the engine started. Every field is a counter that the stats log,
+    Prometheus (`vllm:chunk_cache_<field>_total`) and the Python API report (`metrics`)."""
 
-    @property
-    def hit_rate(self) -> float:
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
+    hits: int = _counter("Chunk occurrences found resident in the pool when a request was planned.")
+    misses: int = _counter("Chunk occurrences not resident (computed, or joined a prefill in flight).")
+    hit_tokens: int = _counter("Tokens of the chunk hits (loaded from the pool instead of computed).")
+    miss_tokens: int = _counter("Tokens of the chunk misses.")
+    inflight_joins: int = _counter("Misses served by a chunk prefill another request had already started.")
+    evictions: int = _counter("Pool entries evicted (least recently used first).")
+    chunk_prefills: int = _counter("Chunk prefills run to compute missing chunks (SYS + chunk).")
 
 
 @dataclass
@@ -74,9 +75,6 @@ class ChunkCacheManager:
         self.stats = ChunkCacheStats()
 
     # -- queries ---------------------------------------------------------------------------
-    def pages_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
-
     @property
     def used_pages(self) -> int:
         return self.num_pages - len(self.free_pages)
@@ -93,7 +91,7 @@ class ChunkCacheManager:
     def missing_pages(self, needs: Sequence[tuple[bytes, int]]) -> int:
         """Pages that acquiring `needs` would take for keys not in the pool yet."""
         missing = {k: n for k, n in needs if k not in self.entries}
-        return sum(self.pages_for(n) for n in missing.values())
+        return sum(pages_for(n, self.page_size) for n in missing.values())
 
     def acquire(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes],
                 count: bool = True) -> Acquired | None:
@@ -167,7 +165,7 @@ class ChunkCacheManager:
 
     # -- mechanics -------------------------------------------------------------------------
     def _create(self, key: bytes, num_tokens: int) -> Entry:
-        pages = [self.free_pages.pop() for _ in range(self.pages_for(num_tokens))]
+        pages = [self.free_pages.pop() for _ in range(pages_for(num_tokens, self.page_size))]
         entry = self.entries[key] = Entry(key=key, num_tokens=num_tokens, pages=pages)
         return entry
 

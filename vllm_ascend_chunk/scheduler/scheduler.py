@@ -1,10 +1,13 @@
-"""vLLM schedulers with the chunk cache: internal chunk prefills in, their outputs hidden.
+"""vLLM schedulers with the chunk cache: chunk prefills in, their outputs hidden.
 
 Selected automatically (`engine_config.configure`) as `ChunkCacheScheduler` or, with async
-scheduling, `ChunkCacheAsyncScheduler`. Everything else is vLLM's own scheduling.
+scheduling, `ChunkCacheAsyncScheduler`. Everything else is vLLM's own scheduling. They reach the
+chunk cache only through vLLM's KV connector, `ChunkCacheConnector` (its scheduler role).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -13,37 +16,41 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from vllm_ascend_chunk.metrics import stats_payload
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkJob
+from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill
+
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.connector import ChunkCacheConnector
 
 
 class _ChunkCacheSchedulerMixin:
+    connector: ChunkCacheConnector
+    """Set by vLLM's scheduler; `engine_config.configure` makes it the chunk cache's."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.chunk_cache: ChunkCacheCoordinator = self.connector.coordinator
         hash_block_size = kwargs.get("hash_block_size") or self.block_size
-        self._job_block_hasher = get_request_block_hasher(
+        self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo))
 
     def schedule(self):
-        for job in self.chunk_cache.plan():
-            self.add_request(self._job_request(job))
+        for prefill in self.connector.plan():
+            self.add_request(self._prefill_request(prefill))
         return super().schedule()
 
-    def _job_request(self, job: ChunkJob) -> Request:
+    def _prefill_request(self, prefill: ChunkPrefill) -> Request:
         """A prefill-only request computing `SYS + C_i` exactly (never reads the prefix cache)."""
-        parent = job.parent
+        parent = prefill.parent
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                 skip_reading_prefix_cache=True)
-        return Request(request_id=job.request_id, prompt_token_ids=job.token_ids,
+        return Request(request_id=prefill.request_id, prompt_token_ids=prefill.token_ids,
                        sampling_params=params, pooling_params=None,
                        arrival_time=parent.arrival_time, lora_request=parent.lora_request,
                        cache_salt=parent.cache_salt, priority=parent.priority,
-                       block_hasher=self._job_block_hasher)
+                       block_hasher=self._prefill_block_hasher)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        hidden = self.chunk_cache.take_job_ids_to_hide()
+        hidden = self.connector.take_prefill_ids_to_hide()
         for eco in outputs.values():
             eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
             if eco.finished_requests:
@@ -52,7 +59,7 @@ class _ChunkCacheSchedulerMixin:
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)
-        self.chunk_cache.on_preempted(request)
+        self.connector.on_preempted(request)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool:
@@ -60,14 +67,14 @@ class _ChunkCacheSchedulerMixin:
         a weight update, must never be loaded), not only when `reset_connector` is asked."""
         reset = super().reset_prefix_cache(reset_running_requests, reset_connector)
         if not reset_connector:
-            self.chunk_cache.reset()
+            self.connector.reset_cache()
         return reset
 
     def make_stats(self, *args, **kwargs):
         """vLLM's stats plus the chunk cache payload, in the slot vLLM keeps for connector stats."""
         stats = super().make_stats(*args, **kwargs)
         if stats is not None:
-            stats.kv_connector_stats = stats_payload(self.chunk_cache.manager)
+            stats.kv_connector_stats = self.connector.stats_payload()
         return stats
 
 
