@@ -19,11 +19,13 @@ import math
 import os
 from collections.abc import Mapping
 
+from vllm_ascend_chunk import layouts
+
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
 """Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
-LAYOUTS = ("overlap", "sequential")
+LAYOUTS = tuple(layouts.LAYOUTS)
 RECOVERY_MODES = ("none", "last")
 """`last`: the last document of a request is computed with its question (`frontend.recovery`)."""
 

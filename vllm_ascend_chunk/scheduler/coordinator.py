@@ -13,8 +13,9 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 4. `update_state_after_alloc`, PLANNED → LOADING: the chunk region becomes a load (pool rows →
    R's slots), sent to the workers by `build_connector_meta`, LOADING → LOADED (pins released).
    If the prefix cache already holds the whole chunk region: straight to LOADED, no load.
-5. Every step R computes tokens, its RoPE positions are shifted (overlap layout); in the
-   sequential layout its chunk keys are re-rotated on load instead.
+5. The layout (`layouts.py`) places R's tokens: every step R computes tokens, their RoPE
+   positions are lowered by `question_shift` (overlap); or its cached keys are re-rotated on
+   load by `load_deltas` (sequential).
 6. `on_preempted`, LOADED → WAITING (its blocks are gone: plan and load again);
    `request_finished`: pins released, R forgotten. `reset`: the pool is dropped and every
    PLANNED request is planned again (it must not load what the reset dropped).
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
@@ -110,7 +112,7 @@ class ChunkCacheCoordinator:
     def __init__(self, geometry: PoolGeometry, block_size: int, priority_order: bool = False) -> None:
         config = get_config()
         self.geometry = geometry
-        self.layout = config.layout
+        self.layout = LAYOUTS[config.layout]
         self.block_size = block_size
         self.priority_order = priority_order
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
@@ -236,26 +238,10 @@ class ChunkCacheCoordinator:
         block_ids = blocks.get_block_ids()[0]
         self._step.load_rows += self._source_rows(user)[start:end]
         self._step.load_slots += [slot_of(block_ids, self.block_size, t) for t in range(start, end)]
-        if self.layout == "sequential":
-            self._step.load_deltas += self._sequential_deltas(user.info)[start:end]
+        if (deltas := self.layout.load_deltas(user.info)) is not None:
+            self._step.load_deltas += deltas[start:end]
         user.status = UserStatus.LOADING
         self._step.loaded.append(user)
-
-    def position_shift(self, info: ChunkCacheInfo) -> int:
-        """RoPE shift of the question and generated tokens (overlap: chunks share positions)."""
-        if self.layout != "overlap" or not info.chunk_lens:
-            return 0
-        return sum(info.chunk_lens) - max(info.chunk_lens)
-
-    @staticmethod
-    def _sequential_deltas(info: ChunkCacheInfo) -> list[int]:
-        """RoPE delta of every token before the question: 0 for SYS, for C_i the lengths of the
-        chunks before it (its cached keys were computed right after SYS)."""
-        deltas, offset = [0] * info.sys_len, 0
-        for n in info.chunk_lens:
-            deltas += [offset] * n
-            offset += n
-        return deltas
 
     def _source_rows(self, user: UserRequest) -> list[int]:
         """Pool row of every token before the question: SYS, then each chunk."""
@@ -298,7 +284,7 @@ class ChunkCacheCoordinator:
             load_deltas=self._step.load_deltas,
             save_rows=save_rows,
             save_slots=save_slots,
-            position_shifts={rid: self.position_shift(self.users[rid].info)
+            position_shifts={rid: self.layout.question_shift(self.users[rid].info)
                              for rid in scheduler_output.num_scheduled_tokens if rid in self.users},
         )
         # The loads run in this step's forward, before any later step can reuse the rows.

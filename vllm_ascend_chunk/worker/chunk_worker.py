@@ -16,6 +16,7 @@ import torch
 
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.ops.kv_read import make_kv_reader
 from vllm_ascend_chunk.ops.kv_write import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
@@ -50,7 +51,7 @@ class ChunkCacheWorker:
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
         self._model_bound = True
-        if get_config().layout != "sequential":
+        if not LAYOUTS[get_config().layout].rotates_loaded_keys:
             return
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
 
