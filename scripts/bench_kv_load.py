@@ -62,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = torch.randperm(2 * n, device=dev)[:n]
     slots = torch.randperm(2 * n, device=dev)[:n]
     half = d // 2
-    spec = RotarySpec(head_size=d, rotary_dim=d, is_neox_style=True,
-                      inv_freq=10000.0 ** (-torch.arange(half, dtype=torch.float64) / half))
+    spec = RotarySpec(
+        head_size=d,
+        rotary_dim=d,
+        is_neox_style=True,
+        inv_freq=10000.0 ** (-torch.arange(half, dtype=torch.float64) / half),
+    )
     rotation = Rotation.for_deltas(torch.randint(0, 100_000, (n,)), spec, dev)
 
     kv_bytes = 2 * n * h * d * pool.element_size()  # K and V of the moved tokens
@@ -79,14 +83,26 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = {
         "device_copy": (lambda: dst.copy_(src), 2 * kv_bytes),
-        "triton_load_plain": (lambda: load_into_paged(pool[0], pool[1], rows, slots, key_cache, value_cache,
-                                                      None), 2 * kv_bytes + index_bytes),
-        "triton_load_rotate": (lambda: load_into_paged(pool[0], pool[1], rows, slots, key_cache, value_cache,
-                                                       rotation), 2 * kv_bytes + index_bytes + table_bytes),
+        "triton_load_plain": (
+            lambda: load_into_paged(pool[0], pool[1], rows, slots, key_cache, value_cache, None),
+            2 * kv_bytes + index_bytes,
+        ),
+        "triton_load_rotate": (
+            lambda: load_into_paged(pool[0], pool[1], rows, slots, key_cache, value_cache, rotation),
+            2 * kv_bytes + index_bytes + table_bytes,
+        ),
         "torch_unfused_rotate": (unfused, 2 * kv_bytes + index_bytes + table_bytes),
     }
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": n, "kv_heads": h,
-              "head_size": d, "dtype": args.dtype, "kv_bytes_moved": kv_bytes, "runs": {}}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "tokens": n,
+        "kv_heads": h,
+        "head_size": d,
+        "dtype": args.dtype,
+        "kv_bytes_moved": kv_bytes,
+        "runs": {},
+    }
     for name, (fn, nbytes) in runs.items():
         ms = timed_ms(fn)
         result["runs"][name] = {"ms": round(ms, 4), "bytes": nbytes, "GB_per_s": round(nbytes / ms / 1e6, 1)}

@@ -68,14 +68,29 @@ TOP_K = 20
 
 CONFIGS: dict[str, dict] = {
     "full": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "false"}, "prefix_caching": False, "chunked": False},
-    "overlap": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": "overlap"},
-                "prefix_caching": True, "chunked": True},
-    "sequential": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": "sequential"},
-                   "prefix_caching": True, "chunked": True},
-    **{f"{layout}+last": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": layout,
-                                  "VLLM_CHUNK_CACHE_RECOVERY": "last"},
-                          "prefix_caching": True, "chunked": True, "paired_plain": True}
-       for layout in ("overlap", "sequential")},
+    "overlap": {
+        "env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": "overlap"},
+        "prefix_caching": True,
+        "chunked": True,
+    },
+    "sequential": {
+        "env": {"VLLM_ENABLE_CHUNK_CACHE": "true", "VLLM_CHUNK_CACHE_LAYOUT": "sequential"},
+        "prefix_caching": True,
+        "chunked": True,
+    },
+    **{
+        f"{layout}+last": {
+            "env": {
+                "VLLM_ENABLE_CHUNK_CACHE": "true",
+                "VLLM_CHUNK_CACHE_LAYOUT": layout,
+                "VLLM_CHUNK_CACHE_RECOVERY": "last",
+            },
+            "prefix_caching": True,
+            "chunked": True,
+            "paired_plain": True,
+        }
+        for layout in ("overlap", "sequential")
+    },
 }
 """A recovery mode is one more entry: its environment (`VLLM_CHUNK_CACHE_RECOVERY`)."""
 
@@ -92,9 +107,16 @@ def worker(spec_path: Path, out_path: Path) -> None:
     from vllm import LLM, SamplingParams
 
     start = time.time()
-    llm = LLM(spec["model"], dtype="float32", seed=0, max_model_len=spec["max_model_len"],
-              enable_prefix_caching=config["prefix_caching"], disable_log_stats=False, max_logprobs=TOP_K,
-              enforce_eager=spec["enforce_eager"])
+    llm = LLM(
+        spec["model"],
+        dtype="float32",
+        seed=0,
+        max_model_len=spec["max_model_len"],
+        enable_prefix_caching=config["prefix_caching"],
+        disable_log_stats=False,
+        max_logprobs=TOP_K,
+        enforce_eager=spec["enforce_eager"],
+    )
     startup = time.time() - start
     measure = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, logprobs=TOP_K)
     prime = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"chunk_cache_recovery": "none"})
@@ -109,8 +131,14 @@ def worker(spec_path: Path, out_path: Path) -> None:
         wall = time.perf_counter() - t0
         gen = out.outputs[0]
         ttft = out.metrics.first_token_latency if out.metrics is not None else None
-        row = {"ttft_s": ttft, "wall_s": wall, "prompt_tokens": len(out.prompt_token_ids),
-               "cached_tokens": out.num_cached_tokens, "tokens": list(gen.token_ids), "text": gen.text}
+        row = {
+            "ttft_s": ttft,
+            "wall_s": wall,
+            "prompt_tokens": len(out.prompt_token_ids),
+            "cached_tokens": out.num_cached_tokens,
+            "tokens": list(gen.token_ids),
+            "text": gen.text,
+        }
         if gen.logprobs:
             row["first_logprobs"] = {str(t): lp.logprob for t, lp in gen.logprobs[0].items()}
         return row
@@ -131,8 +159,11 @@ def worker(spec_path: Path, out_path: Path) -> None:
         if config.get("paired_plain") and not n % 2:
             row["paired_plain"] = send(sample, "measured", plain)
         rows.append(row)
-        print(f"[{spec['config']} {n + 1}/{len(samples)}] ttft={row['ttft_s'] * 1e3:.0f} ms "
-              f"cached={row['cached_tokens']}/{row['prompt_tokens']} {row['text']!r}", flush=True)
+        print(
+            f"[{spec['config']} {n + 1}/{len(samples)}] ttft={row['ttft_s'] * 1e3:.0f} ms "
+            f"cached={row['cached_tokens']}/{row['prompt_tokens']} {row['text']!r}",
+            flush=True,
+        )
     out_path.write_text(json.dumps({"config": spec["config"], "startup_s": startup, "rows": rows}))
 
 
@@ -170,13 +201,18 @@ def score(result: dict, items: list[qd.QAItem], tokenizer) -> dict:
         for row, item in zip(cfg["rows"], items, strict=True):
             answer = tokenizer.decode(row["tokens"], skip_special_tokens=True).strip()
             ref = full[row["qid"]]
-            row.update(answer=answer, f1=qd.best(qd.f1, answer, item.answers),
-                       em=qd.best(qd.exact_match, answer, item.answers),
-                       contains=qd.best(qd.contains, answer, item.answers),
-                       agree=float(row["tokens"] == ref["tokens"]),
-                       kl=qd.kl_topk({int(t): v for t, v in ref["first_logprobs"].items()},
-                                     {int(t): v for t, v in row["first_logprobs"].items()}),
-                       recompute=1.0 - row["cached_tokens"] / row["prompt_tokens"])
+            row.update(
+                answer=answer,
+                f1=qd.best(qd.f1, answer, item.answers),
+                em=qd.best(qd.exact_match, answer, item.answers),
+                contains=qd.best(qd.contains, answer, item.answers),
+                agree=float(row["tokens"] == ref["tokens"]),
+                kl=qd.kl_topk(
+                    {int(t): v for t, v in ref["first_logprobs"].items()},
+                    {int(t): v for t, v in row["first_logprobs"].items()},
+                ),
+                recompute=1.0 - row["cached_tokens"] / row["prompt_tokens"],
+            )
         cfg["summary"] = summarize(cfg["rows"])
     return result
 
@@ -197,10 +233,18 @@ def plot(result: dict, path: Path) -> None:
         ax.scatter([x], [s["f1"]], marker="o", s=60, color=colour)
         ax.scatter([x], [s["contains"]], marker="s", s=50, facecolors="none", edgecolors=colour)
         ax.scatter([x], [s["agree"]], marker="^", s=60, facecolors="none", edgecolors=colour)
-        ax.annotate(name, (x, s["f1"]), textcoords="offset points", xytext=(8, -12 - 10 * (i % 2)),
-                    fontsize=8, color=colour)
-        lines.append(f"{name:>10s}  F1 {s['f1']:.2f}  in {s['contains']:.2f}  agree {s['agree']:.2f}  "
-                     f"KL {s['kl']:.2f}  TTFT {x:,.0f} ms")
+        ax.annotate(
+            name,
+            (x, s["f1"]),
+            textcoords="offset points",
+            xytext=(8, -12 - 10 * (i % 2)),
+            fontsize=8,
+            color=colour,
+        )
+        lines.append(
+            f"{name:>10s}  F1 {s['f1']:.2f}  in {s['contains']:.2f}  agree {s['agree']:.2f}  "
+            f"KL {s['kl']:.2f}  TTFT {x:,.0f} ms"
+        )
     ax.set_xscale("log")
     ax.set_xlim(min(xs) / 2, max(xs) * 4)
     ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -212,11 +256,23 @@ def plot(result: dict, path: Path) -> None:
     ax.scatter([], [], marker="s", facecolors="none", edgecolors="grey", label="gold in answer")
     ax.scatter([], [], marker="^", facecolors="none", edgecolors="grey", label="agreement with full")
     ax.legend(loc="center right", fontsize=8)
-    ax.text(0.01, 0.99, "\n".join(lines), transform=ax.transAxes, va="top", ha="left", fontsize=7,
-            family="monospace", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+    ax.text(
+        0.01,
+        0.99,
+        "\n".join(lines),
+        transform=ax.transAxes,
+        va="top",
+        ha="left",
+        fontsize=7,
+        family="monospace",
+        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+    )
     n = next(iter(result["configs"].values()))["summary"]["n"]
-    ax.set_title(f"{result['dataset']}: {Path(result['model']).name}, {n} questions, "
-                 f"~{result['prompt_tokens_mean']:.0f} prompt tokens", fontsize=10)
+    ax.set_title(
+        f"{result['dataset']}: {Path(result['model']).name}, {n} questions, "
+        f"~{result['prompt_tokens_mean']:.0f} prompt tokens",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -229,20 +285,31 @@ def main() -> None:
     ap.add_argument("--data", help="musique_s.json (parsed with ast.literal_eval where fields are strings)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions")
     ap.add_argument("--docs", type=int, default=5, help="documents per question")
-    ap.add_argument("--doc-tokens", type=int, default=200,
-                    help="synthetic: document length (about); MuSiQue: cut each passage to this many tokens")
+    ap.add_argument(
+        "--doc-tokens",
+        type=int,
+        default=200,
+        help="synthetic: document length (about); MuSiQue: cut each passage to this many tokens",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--configs", nargs="+", default=["full", "overlap", "sequential"], choices=list(CONFIGS))
     ap.add_argument("--enforce-eager", action="store_true")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="OpenMP threads of each engine, unbound (0: vLLM's default core binding). On a "
-                         "2-core machine shared with other jobs, bound spinning threads made decoding "
-                         "up to 50x slower")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OpenMP threads of each engine, unbound (0: vLLM's default core binding). On a "
+        "2-core machine shared with other jobs, bound spinning threads made decoding "
+        "up to 50x slower",
+    )
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rescore", action="store_true",
-                    help="score and plot an existing --out JSON again (no engine; same question options)")
+    ap.add_argument(
+        "--rescore",
+        action="store_true",
+        help="score and plot an existing --out JSON again (no engine; same question options)",
+    )
     ap.add_argument("--worker", nargs=2, type=Path, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -259,7 +326,7 @@ def main() -> None:
         cut, dataset = args.doc_tokens, "MuSiQue"
     else:
         items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
-        items, cut, dataset = items[:args.limit] if args.limit else items, None, "synthetic"
+        items, cut, dataset = items[: args.limit] if args.limit else items, None, "synthetic"
     if not items:
         ap.error("no questions: pass --synthetic N or --data PATH")
     samples = []
@@ -267,25 +334,43 @@ def main() -> None:
         p = qd.build_prompt(tokenizer, item, doc_tokens=cut)
         primer = qd.QAItem(qid=item.qid, question=PRIME_QUESTION, answers=[], docs=item.docs[::-1])
         q = qd.build_prompt(tokenizer, primer, doc_tokens=cut)
-        samples.append({"qid": item.qid, "measured": {"ids": p.ids, "spans": p.spans()},
-                        "prime": {"ids": q.ids, "spans": q.spans()}})
+        samples.append(
+            {
+                "qid": item.qid,
+                "measured": {"ids": p.ids, "spans": p.spans()},
+                "prime": {"ids": q.ids, "spans": q.spans()},
+            }
+        )
     if args.rescore:
         finish(json.loads(args.out.read_text()), items, tokenizer, args.out)
         return
     lengths = [len(s["measured"]["ids"]) for s in samples]
-    print(f"{dataset}: {len(items)} questions, prompt tokens mean {statistics.fmean(lengths):.0f} "
-          f"(min {min(lengths)}, max {max(lengths)})", flush=True)
+    print(
+        f"{dataset}: {len(items)} questions, prompt tokens mean {statistics.fmean(lengths):.0f} "
+        f"(min {min(lengths)}, max {max(lengths)})",
+        flush=True,
+    )
 
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "dataset": dataset,
-              "model": args.model, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-              "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                           if k != "worker"},
-              "prompt_tokens_mean": statistics.fmean(lengths), "configs": {}}
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "dataset": dataset,
+        "model": args.model,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "worker"},
+        "prompt_tokens_mean": statistics.fmean(lengths),
+        "configs": {},
+    }
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         for name in ["full", *[c for c in args.configs if c != "full"]]:
-            spec = {"config": name, "model": args.model, "samples": samples, "max_tokens": args.max_tokens,
-                    "max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager}
+            spec = {
+                "config": name,
+                "model": args.model,
+                "samples": samples,
+                "max_tokens": args.max_tokens,
+                "max_model_len": args.max_model_len,
+                "enforce_eager": args.enforce_eager,
+            }
             spec_path, out_path = Path(tmp) / f"{name}.spec.json", Path(tmp) / f"{name}.out.json"
             spec_path.write_text(json.dumps(spec))
             env = {**os.environ, **CONFIGS[name]["env"]}
@@ -294,13 +379,19 @@ def main() -> None:
                 env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(args.threads))
             env.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", "0.5")
             t0 = time.time()
-            subprocess.run([sys.executable, __file__, "--out", str(args.out), "--worker", str(spec_path),
-                            str(out_path)], env=env, check=True)
+            subprocess.run(
+                [sys.executable, __file__, "--out", str(args.out), "--worker", str(spec_path), str(out_path)],
+                env=env,
+                check=True,
+            )
             part = json.loads(out_path.read_text())
-            result["configs"][name] = {"env": CONFIGS[name]["env"],
-                                       "prefix_caching": CONFIGS[name]["prefix_caching"],
-                                       "startup_s": part["startup_s"], "seconds": time.time() - t0,
-                                       "rows": part["rows"]}
+            result["configs"][name] = {
+                "env": CONFIGS[name]["env"],
+                "prefix_caching": CONFIGS[name]["prefix_caching"],
+                "startup_s": part["startup_s"],
+                "seconds": time.time() - t0,
+                "rows": part["rows"],
+            }
             print(f"{name}: done in {time.time() - t0:.0f} s", flush=True)
     result["seconds"] = time.time() - start
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -320,14 +411,21 @@ def finish(result: dict, items: list[qd.QAItem], tokenizer, out: Path) -> None:
             row.pop("gold", None)
     out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out.with_suffix(".png"))
-    print(f"{'config':12s} {'n':>4s} {'F1':>6s} {'EM':>6s} {'contains':>8s} {'agree':>6s} {'KL':>7s} "
-          f"{'TTFT p50':>9s} {'recompute':>9s}")
+    print(
+        f"{'config':12s} {'n':>4s} {'F1':>6s} {'EM':>6s} {'contains':>8s} {'agree':>6s} {'KL':>7s} "
+        f"{'TTFT p50':>9s} {'recompute':>9s}"
+    )
     for name, cfg in result["configs"].items():
         s = cfg["summary"]
-        print(f"{name:12s} {s['n']:4d} {s['f1']:6.3f} {s['em']:6.3f} {s['contains']:8.3f} {s['agree']:6.3f} "
-              f"{s['kl']:7.4f} {s['ttft_ms_p50']:7.0f}ms {s['recompute']:9.3f}"
-              + (f"  {s['ttft_ratio_vs_paired_plain_p50']:.2f}x paired plain reuse"
-                 if "ttft_ratio_vs_paired_plain_p50" in s else ""))
+        print(
+            f"{name:12s} {s['n']:4d} {s['f1']:6.3f} {s['em']:6.3f} {s['contains']:8.3f} {s['agree']:6.3f} "
+            f"{s['kl']:7.4f} {s['ttft_ms_p50']:7.0f}ms {s['recompute']:9.3f}"
+            + (
+                f"  {s['ttft_ratio_vs_paired_plain_p50']:.2f}x paired plain reuse"
+                if "ttft_ratio_vs_paired_plain_p50" in s
+                else ""
+            )
+        )
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 

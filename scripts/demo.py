@@ -35,20 +35,33 @@ def main() -> int:
     args = bench_rag.build_parser().parse_args(["--model", str(opts.model)])
     args.served_name = opts.model.name
     workload = rag_workload.build_workload(
-        sweep_sizes=(1, 2, 4, 8), sweep_warm_repeats=1, cold_requests=0, corpus_size=8,
-        stream_requests=6, docs_per_request=(4, 5, 6, 7, 8), shuffled_sets=1, shuffled_repeats=2,
-        warmup_requests=1)
+        sweep_sizes=(1, 2, 4, 8),
+        sweep_warm_repeats=1,
+        cold_requests=0,
+        corpus_size=8,
+        stream_requests=6,
+        docs_per_request=(4, 5, 6, 7, 8),
+        shuffled_sets=1,
+        shuffled_repeats=2,
+        warmup_requests=1,
+    )
     opts.out.mkdir(parents=True, exist_ok=True)
-    print(f"demo: starting vllm serve on {opts.model.name} with the chunk cache on "
-          f"(about a minute; log {opts.out / 'vllm-serve.log'})", flush=True)
+    print(
+        f"demo: starting vllm serve on {opts.model.name} with the chunk cache on "
+        f"(about a minute; log {opts.out / 'vllm-serve.log'})",
+        flush=True,
+    )
     print(f"\n{'#':>3}  {'phase':<8} {'kind':<5} {'documents':<32} {'hits':>4} {'misses':>6} {'TTFT ms':>9}")
 
     def row(s: dict) -> None:
         docs = " ".join(str(d % 1000) for d in s["docs"])
         hits = "-" if s["chunk_hits"] is None else f"{s['chunk_hits']:.0f}"
         misses = "-" if s["chunk_misses"] is None else f"{s['chunk_misses']:.0f}"
-        print(f"{s['index']:>3}  {s['phase']:<8} {s['label'] or 'mixed':<5} {docs:<32} {hits:>4} {misses:>6} "
-              f"{s['ttft_ms']:>9.1f}", flush=True)
+        print(
+            f"{s['index']:>3}  {s['phase']:<8} {s['label'] or 'mixed':<5} {docs:<32} {hits:>4} {misses:>6} "
+            f"{s['ttft_ms']:>9.1f}",
+            flush=True,
+        )
 
     start = time.perf_counter()
     result = bench_rag.run_config("chunk", workload, args, opts.out / "vllm-serve.log", row)
@@ -57,13 +70,17 @@ def main() -> int:
     (opts.out / "demo.json").write_text(json.dumps(result, indent=1) + "\n")
     if not result["summary"]["metrics_available"]["chunk_cache"]:
         print("\n(the server exposes no vllm:chunk_cache_* metrics: hits and misses are unknown)")
-    print("\ndocuments: seed mod 1000 per phase; kind: cold = none seen before, warm = all seen "
-          "before, mixed = some")
+    print(
+        "\ndocuments: seed mod 1000 per phase; kind: cold = none seen before, warm = all seen "
+        "before, mixed = some"
+    )
     print("TTFT (ms, p50) vs documents, cold then warm (same documents, every one moved):")
     for n, sw in result["summary"]["sweep"].items():
         print(f"  {n} docs: {bench_rag.fmt(sw['cold_ms'])} -> {bench_rag.fmt(sw['warm_ms'])}")
-    print(f"\nplot: {plot_path}\nsamples: {opts.out / 'demo.json'}  "
-          f"(server start + {len(workload.requests)} requests in {time.perf_counter() - start:.0f} s)")
+    print(
+        f"\nplot: {plot_path}\nsamples: {opts.out / 'demo.json'}  "
+        f"(server start + {len(workload.requests)} requests in {time.perf_counter() - start:.0f} s)"
+    )
     print("(random weights: the generated text is noise; this shows where the time goes.)")
     return 0
 

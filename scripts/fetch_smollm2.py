@@ -99,19 +99,27 @@ def convert(gguf: Path, out: Path) -> None:
     staging = out.with_name(out.name + ".partial")
     if staging.exists():
         import shutil
+
         shutil.rmtree(staging)
     model.save_pretrained(staging)
     tok.save_pretrained(staging)
     cfg = model.config
-    info = {"source": f"{PACKAGE}=={VERSION}:{GGUF_NAME}", "architecture": cfg.architectures,
-            "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
-            "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size,
-            "max_position_embeddings": cfg.max_position_embeddings, "vocab": cfg.vocab_size,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "chat_template": bool(getattr(tok, "chat_template", None))}
+    info = {
+        "source": f"{PACKAGE}=={VERSION}:{GGUF_NAME}",
+        "architecture": cfg.architectures,
+        "layers": cfg.num_hidden_layers,
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "hidden": cfg.hidden_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab": cfg.vocab_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "chat_template": bool(getattr(tok, "chat_template", None)),
+    }
     (staging / STAMP).write_text(json.dumps(info, indent=1) + "\n")
     if out.exists():
         import shutil
+
         shutil.rmtree(out)
     staging.rename(out)
     log(f"converted in {time.time() - start:.0f} s into {out}: {json.dumps(info)}")
@@ -127,7 +135,7 @@ def check(out: Path) -> None:
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     with torch.no_grad():
         gen = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
-    log(f"check: {tok.decode(gen[0, len(ids):], skip_special_tokens=True)!r}")
+    log(f"check: {tok.decode(gen[0, len(ids) :], skip_special_tokens=True)!r}")
 
 
 def main() -> None:

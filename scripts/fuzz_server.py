@@ -50,18 +50,48 @@ MODEL_NAME = "tiny-llama"
 PAGE_TOKENS = 16
 KV_BYTES_PER_TOKEN = 1024  # tiny Llama: 2 layers x (K, V) x 2 KV heads x 32 x float32
 
-UNICODE = ["日本語の文書を検索する", "中文文档检索", "😀🚀👍🏽👨‍👩‍👧", "e\u0301 a\u0308 n\u0303 \u0338",
-           "שלום עולם", "مرحبا بالعالم", "\u202eevil\u202c", "line\u2028sep\u2029para", "nul\x00in",
-           "esc \x1b[31mred\x1b[0m", "zero\u200bwidth\ufeff", "\u3000ideographic\u00a0space", "Straße café"]
+UNICODE = [
+    "日本語の文書を検索する",
+    "中文文档检索",
+    "😀🚀👍🏽👨‍👩‍👧",
+    "e\u0301 a\u0308 n\u0303 \u0338",
+    "שלום עולם",
+    "مرحبا بالعالم",
+    "\u202eevil\u202c",
+    "line\u2028sep\u2029para",
+    "nul\x00in",
+    "esc \x1b[31mred\x1b[0m",
+    "zero\u200bwidth\ufeff",
+    "\u3000ideographic\u00a0space",
+    "Straße café",
+]
 DELIMITERS = [" # # ", "# #", "\n# #\n", "\t# #  ", "\u2028# #\u3000", "\u00a0# #\u2029"]
 NOT_DELIMITERS = ["##", "#  #", "# ##", "#\u200b#"]
 HASH_TEXT = ["Issue # # 5 is open.", "C# # F# # G are notes", "a # # b", "# #"]
-SYSTEMS = ["You are a careful assistant. Answer from the documents.", "", "Sys \u00e9\u0301 日本",
-           "You are a careful assistant. Answer from the documents. " * 6, "\x00", "S"]
-QUESTIONS = ["Which ferry?", "What is the answer?", "?", "", " \u2028\t", "日本語で答えて", "😀?",
-             "Why # not?", "Explain the second document in detail, please."]
-JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}, "n": {"type": "integer"}},
-               "required": ["answer"]}
+SYSTEMS = [
+    "You are a careful assistant. Answer from the documents.",
+    "",
+    "Sys \u00e9\u0301 日本",
+    "You are a careful assistant. Answer from the documents. " * 6,
+    "\x00",
+    "S",
+]
+QUESTIONS = [
+    "Which ferry?",
+    "What is the answer?",
+    "?",
+    "",
+    " \u2028\t",
+    "日本語で答えて",
+    "😀?",
+    "Why # not?",
+    "Explain the second document in detail, please.",
+]
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["answer"],
+}
 
 
 @dataclass
@@ -138,7 +168,7 @@ FAILURE_KINDS = {
     "connection": "the connection dropped before the answer",
     "stream-error": "a stream's error event with a code other than 4xx, or no message",
     "closed-connection": "the server closed the keep-alive connection after answering (the next "
-                         "request on it fails)",
+    "request on it fails)",
     "server-death": "/health failed after a request (the server is restarted)",
     "mismatch-greedy": "a temperature-0 answer differs from the same request's answer alone",
     "mismatch-seeded": "a seeded answer differs from the same request's answer alone",
@@ -182,10 +212,15 @@ class Report:
         return [f for f in self.failures if f.kind not in self.settings.get("ignore", ())]
 
     def to_json(self) -> dict:
-        return {"settings": self.settings, "counts": dict(self.counts), "by_status": dict(self.by_status),
-                "by_option": dict(sorted(self.by_option.items())),
-                "messages_4xx": dict(self.messages_4xx.most_common()),
-                "failing": len(self.failing()), "failures": [asdict(f) for f in self.failures]}
+        return {
+            "settings": self.settings,
+            "counts": dict(self.counts),
+            "by_status": dict(self.by_status),
+            "by_option": dict(sorted(self.by_option.items())),
+            "messages_4xx": dict(self.messages_4xx.most_common()),
+            "failing": len(self.failing()),
+            "failures": [asdict(f) for f in self.failures],
+        }
 
 
 # --- random cases -------------------------------------------------------------------------------
@@ -215,8 +250,10 @@ def noisy(rng: random.Random, text: str, rate: float = 1.0) -> str:
 def chunked_prompt(rng: random.Random, docs: list[str], max_model_len: int) -> str:
     """SYSTEM, 0-10 documents (popular ones first), a question, random delimiters between them."""
     k = rng.choice([0, 1, 1, 2, 2, 3, 3, 4, 5, 6, 8, 10])
-    picks = [docs[min(int(rng.paretovariate(1.0)) - 1, len(docs) - 1)] if rng.random() < 0.6
-             else rng.choice(docs) for _ in range(k)]
+    picks = [
+        docs[min(int(rng.paretovariate(1.0)) - 1, len(docs) - 1)] if rng.random() < 0.6 else rng.choice(docs)
+        for _ in range(k)
+    ]
     question = rng.choice(QUESTIONS)
     if rng.random() < 0.05:
         question = document(rng.randint(0, 10**6), rng.choice([max_model_len // 2, max_model_len]))
@@ -230,8 +267,14 @@ def chunked_prompt(rng: random.Random, docs: list[str], max_model_len: int) -> s
 
 def plain_prompt(rng: random.Random, docs: list[str], max_model_len: int) -> str:
     """An ordinary prompt: text, perhaps with one `# #` or `# #` in ordinary words."""
-    text = rng.choice([rng.choice(docs), rng.choice(HASH_TEXT), rng.choice(QUESTIONS) or "Hi",
-                       document(rng.randint(0, 10**6), rng.choice([50, max_model_len]))])
+    text = rng.choice(
+        [
+            rng.choice(docs),
+            rng.choice(HASH_TEXT),
+            rng.choice(QUESTIONS) or "Hi",
+            document(rng.randint(0, 10**6), rng.choice([50, max_model_len])),
+        ]
+    )
     if rng.random() < 0.5:
         text += " " + rng.choice(HASH_TEXT)
     return text
@@ -258,8 +301,9 @@ def sampling_options(rng: random.Random, body: dict) -> None:
         body["best_of"] = body.get("n", 1) + rng.randint(0, 2)
     if rng.random() < 0.02:
         body["use_beam_search"] = True
-    body["max_tokens"] = rng.choice([1, 2, 4, 4, 8, 8, 16, 16, 32, None]) if rng.random() < 0.94 \
-        else rng.choice([0, 4096])
+    body["max_tokens"] = (
+        rng.choice([1, 2, 4, 4, 8, 8, 16, 16, 32, None]) if rng.random() < 0.94 else rng.choice([0, 4096])
+    )
     if rng.random() < 0.15:
         body["min_tokens"] = rng.randint(0, min(10, body.get("max_tokens") or 16) + rng.choice([0, 0, 0, 4]))
     if rng.random() < 0.2:
@@ -299,9 +343,12 @@ def other_options(rng: random.Random, body: dict, settings: FuzzSettings) -> Non
     if rng.random() < 0.1:
         body["truncate_prompt_tokens"] = rng.choice([-1, 1, 8, 64, 512, settings.max_model_len])
     if rng.random() < 0.08:
-        body["response_format"] = rng.choice([
-            {"type": "json_object"},
-            {"type": "json_schema", "json_schema": {"name": "answer", "schema": JSON_SCHEMA}}])
+        body["response_format"] = rng.choice(
+            [
+                {"type": "json_object"},
+                {"type": "json_schema", "json_schema": {"name": "answer", "schema": JSON_SCHEMA}},
+            ]
+        )
     if rng.random() < 0.15:
         body["priority"] = rng.randint(-5, 5)
 
@@ -409,7 +456,7 @@ async def send(http: httpx.AsyncClient, url: str, case: Case, timeout: float) ->
 
 
 async def health(http: httpx.AsyncClient, url: str) -> str:
-    """"" if `/health` answers 200 within 30 s, else what it answered."""
+    """ "" if `/health` answers 200 within 30 s, else what it answered."""
     try:
         status = (await http.get(url + "/health", timeout=30)).status_code
     except httpx.HTTPError as err:
@@ -467,12 +514,18 @@ def clean(out: Outcome) -> bool:
 def check_reference(report: Report, case: Case, got: Outcome, alone: Outcome) -> None:
     """The same deterministic request alone must answer the same status and token ids."""
     report.counts["reference checks"] += 1
-    if (alone.status, alone.stream_error_code, alone.token_ids) != (got.status, got.stream_error_code,
-                                                                    got.token_ids):
-        detail = (f"under load: HTTP {got.status} {got.stream_error_code} {got.token_ids} {got.message!r}; "
-                  f"alone: HTTP {alone.status} {alone.stream_error_code} {alone.token_ids} {alone.message!r}")
-        report.fail("mismatch-greedy" if case.body.get("temperature") == 0 else "mismatch-seeded",
-                    detail, case)
+    if (alone.status, alone.stream_error_code, alone.token_ids) != (
+        got.status,
+        got.stream_error_code,
+        got.token_ids,
+    ):
+        detail = (
+            f"under load: HTTP {got.status} {got.stream_error_code} {got.token_ids} {got.message!r}; "
+            f"alone: HTTP {alone.status} {alone.stream_error_code} {alone.token_ids} {alone.message!r}"
+        )
+        report.fail(
+            "mismatch-greedy" if case.body.get("temperature") == 0 else "mismatch-seeded", detail, case
+        )
 
 
 def chunk_metrics(url: str):
@@ -495,8 +548,7 @@ def idle_state(url: str, timeout: float = 30.0) -> tuple[int, int]:
     """(running + waiting requests, pinned chunk cache entries), polled until both are 0 (the
     metrics trail the answers by an engine step) or `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout
-    while (state := (requests_in_flight(url), pinned_entries(url))) != (0, 0) \
-            and time.monotonic() < deadline:
+    while (state := (requests_in_flight(url), pinned_entries(url))) != (0, 0) and time.monotonic() < deadline:
         time.sleep(0.2)
     return state
 
@@ -548,8 +600,9 @@ class Target:
         return True
 
 
-async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
-                    report: Report) -> tuple[dict[int, Outcome], list[Case]]:
+async def run_batch(
+    target: Target, cases: list[Case], settings: FuzzSettings, report: Report
+) -> tuple[dict[int, Outcome], list[Case]]:
     """Send `cases` with `settings.concurrency` in flight; stop at a server death. The outcomes
     by case index and the cases not sent."""
     queue = list(reversed(cases))
@@ -568,14 +621,22 @@ async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
                 log(f"{len(outcomes)} of {len(cases)} answered, {len(report.failures)} failures")
             closed, sick = await after_request(http, target.url)
             if closed and not sick:
-                report.fail("closed-connection", f"/health on the request's keep-alive "
-                            f"connection: {closed} (HTTP {out.status} {out.message[:200]!r})", case)
+                report.fail(
+                    "closed-connection",
+                    f"/health on the request's keep-alive "
+                    f"connection: {closed} (HTTP {out.status} {out.message[:200]!r})",
+                    case,
+                )
             elif sick and not dead.is_set():
                 dead.set()
                 report.counts["server deaths"] += 1
                 suspects = sorted(in_flight)
-                report.fail("server-death", f"/health: {sick} after case {case.index} (HTTP {out.status} "
-                            f"{out.message[:300]!r}); in flight: {suspects}", case)
+                report.fail(
+                    "server-death",
+                    f"/health: {sick} after case {case.index} (HTTP {out.status} "
+                    f"{out.message[:300]!r}); in flight: {suspects}",
+                    case,
+                )
                 log(f"server death after case {case.index}; in flight {suspects}")
             in_flight.discard(case.index)
 
@@ -588,8 +649,9 @@ async def run_batch(target: Target, cases: list[Case], settings: FuzzSettings,
     return outcomes, list(reversed(queue))
 
 
-async def run_phase(target: Target, cases: list[Case], settings: FuzzSettings,
-                    report: Report) -> dict[int, Outcome]:
+async def run_phase(
+    target: Target, cases: list[Case], settings: FuzzSettings, report: Report
+) -> dict[int, Outcome]:
     """All `cases`, restarting a dead server (and going on, up to `settings.max_deaths` times)."""
     outcomes: dict[int, Outcome] = {}
     while cases:
@@ -604,15 +666,17 @@ async def run_phase(target: Target, cases: list[Case], settings: FuzzSettings,
     return outcomes
 
 
-async def reference_pass(target: Target, cases: list[Case], outcomes: dict[int, Outcome],
-                         settings: FuzzSettings, report: Report) -> None:
+async def reference_pass(
+    target: Target, cases: list[Case], outcomes: dict[int, Outcome], settings: FuzzSettings, report: Report
+) -> None:
     """Re-send every deterministic 200 alone, one at a time, and compare."""
     alone_settings = FuzzSettings(**{**asdict(settings), "concurrency": 1})
     todo = [c for c in cases if c.deterministic and c.index in outcomes and clean(outcomes[c.index])]
     sub = Report(settings=report.settings)
     alone = await run_phase(target, todo, alone_settings, sub)
-    report.counts.update({k: v for k, v in sub.counts.items()
-                          if k.startswith("failure:") or k == "server deaths"})
+    report.counts.update(
+        {k: v for k, v in sub.counts.items() if k.startswith("failure:") or k == "server deaths"}
+    )
     report.failures += sub.failures
     for case in todo:
         if case.index in alone and clean(alone[case.index]):
@@ -633,20 +697,41 @@ def fuzz(target: Target, settings: FuzzSettings) -> Report:
     report.counts["seconds"] = round(time.monotonic() - start)
     report.counts["server restarts"] = target.restarts
     if m := chunk_metrics(target.url):  # the last server's: what the fuzz made the pool do
-        report.counts.update({"chunk cache hits": m.hit_count, "chunk cache misses": m.miss_count,
-                              "chunk cache evictions": m.evictions, "chunk prefills": m.chunk_prefills,
-                              "chunk cache inflight joins": m.inflight_joins})
+        report.counts.update(
+            {
+                "chunk cache hits": m.hit_count,
+                "chunk cache misses": m.miss_count,
+                "chunk cache evictions": m.evictions,
+                "chunk prefills": m.chunk_prefills,
+                "chunk cache inflight joins": m.inflight_joins,
+            }
+        )
     return report
 
 
 def server_factory(model: Path, settings: FuzzSettings, log: Path | None) -> Callable[[int], VllmServer]:
     """A function that makes the (not yet started) small-pool server for `settings`; start k
     logs to `log` + ".k" (k > 0)."""
-    args = ["--served-model-name", MODEL_NAME, "--dtype", "float32", "--seed", "0",
-            "--max-model-len", str(settings.max_model_len), "--max-num-batched-tokens", "256",
-            "--scheduling-policy", settings.scheduling_policy]
-    env = {"VLLM_CHUNK_CACHE_SIZE_GB": f"{settings.pool_gb:.12g}", "VLLM_ENABLE_CHUNK_CACHE": "true",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    args = [
+        "--served-model-name",
+        MODEL_NAME,
+        "--dtype",
+        "float32",
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--max-num-batched-tokens",
+        "256",
+        "--scheduling-policy",
+        settings.scheduling_policy,
+    ]
+    env = {
+        "VLLM_CHUNK_CACHE_SIZE_GB": f"{settings.pool_gb:.12g}",
+        "VLLM_ENABLE_CHUNK_CACHE": "true",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
+
     def make(k: int) -> VllmServer:
         path = log.with_name(f"{log.name}.{k}") if log and k else log
         return VllmServer(model, args, env=env, log_path=path)
@@ -678,20 +763,37 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzS
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds a request may take")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--pool-pages", type=int, default=d.pool_pages, help="chunk pool size, 16-token pages")
-    p.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default=d.scheduling_policy,
-                   help="the server's; with fcfs, vLLM 0.23 ignores the requests' priority")
-    p.add_argument("--no-prompt-logprobs", action="store_true",
-                   help="ask for no prompt logprobs: no prompt_logprobs, no chat echo, no completion "
-                   "echo with logprobs")
-    p.add_argument("--ignore", type=lambda s: tuple(s.split(",")), default=(),
-                   help="failure kinds (comma-separated) listed but not failing the run: "
-                   + ", ".join(FAILURE_KINDS))
-    p.add_argument("--skip", type=lambda s: tuple(s.split(",")), default=(),
-                   help="request options (comma-separated body keys, e.g. seed) never sent; the "
-                   "cases are otherwise the same")
+    p.add_argument(
+        "--scheduling-policy",
+        choices=["priority", "fcfs"],
+        default=d.scheduling_policy,
+        help="the server's; with fcfs, vLLM 0.23 ignores the requests' priority",
+    )
+    p.add_argument(
+        "--no-prompt-logprobs",
+        action="store_true",
+        help="ask for no prompt logprobs: no prompt_logprobs, no chat echo, no completion echo with logprobs",
+    )
+    p.add_argument(
+        "--ignore",
+        type=lambda s: tuple(s.split(",")),
+        default=(),
+        help="failure kinds (comma-separated) listed but not failing the run: " + ", ".join(FAILURE_KINDS),
+    )
+    p.add_argument(
+        "--skip",
+        type=lambda s: tuple(s.split(",")),
+        default=(),
+        help="request options (comma-separated body keys, e.g. seed) never sent; the "
+        "cases are otherwise the same",
+    )
     p.add_argument("--max-deaths", type=int, default=d.max_deaths, help="server restarts before giving up")
-    p.add_argument("--only", type=lambda s: [int(i) for i in s.split(",")], default=None,
-                   help="only these case indices (comma-separated), to reproduce a failure")
+    p.add_argument(
+        "--only",
+        type=lambda s: [int(i) for i in s.split(",")],
+        default=None,
+        help="only these case indices (comma-separated), to reproduce a failure",
+    )
     p.add_argument("--url", default=None, help="fuzz this running server instead of starting one")
     p.add_argument("--model", type=Path, default=REPO / ".models" / "tiny-llama")
     p.add_argument("--log", type=Path, default=None, help="server log (default: a temporary file)")
@@ -700,12 +802,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzS
     args = p.parse_args(argv)
     if unknown := set(args.ignore) - set(FAILURE_KINDS):
         p.error(f"--ignore: unknown failure kinds {sorted(unknown)}")
-    settings = FuzzSettings(seed=args.seed, requests=args.requests, concurrency=args.concurrency,
-                            timeout=args.timeout, max_model_len=args.max_model_len,
-                            pool_pages=args.pool_pages, scheduling_policy=args.scheduling_policy,
-                            prompt_logprobs=not args.no_prompt_logprobs, max_deaths=args.max_deaths,
-                            ignore=args.ignore, skip=args.skip,
-                            only=args.only)
+    settings = FuzzSettings(
+        seed=args.seed,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        timeout=args.timeout,
+        max_model_len=args.max_model_len,
+        pool_pages=args.pool_pages,
+        scheduling_policy=args.scheduling_policy,
+        prompt_logprobs=not args.no_prompt_logprobs,
+        max_deaths=args.max_deaths,
+        ignore=args.ignore,
+        skip=args.skip,
+        only=args.only,
+    )
     return args, settings
 
 

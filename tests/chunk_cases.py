@@ -34,18 +34,19 @@ def expected_structure(raw_tok, text: str, add_special_tokens: bool = True) -> E
     sys_ids = raw_tok.encode(system, add_special_tokens=add_special_tokens).ids
     chunk_ids = [raw_tok.encode(c, add_special_tokens=False).ids for c in chunks if c]
     q_ids = raw_tok.encode(question, add_special_tokens=False).ids
-    return Expected(sys_ids + [t for c in chunk_ids for t in c] + q_ids, len(sys_ids),
-                    [len(c) for c in chunk_ids])
+    return Expected(
+        sys_ids + [t for c in chunk_ids for t in c] + q_ids, len(sys_ids), [len(c) for c in chunk_ids]
+    )
 
 
-def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap",
-              recovery: str = "none"):
+def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap", recovery: str = "none"):
     """The expected structure of `text` and the HF reference answer. `recovery="last"`: the last
     document is computed with the question, i.e. it belongs to the question's segment."""
     exp = expected_structure(raw_tok, text)
     chunk_lens = exp.chunk_lens[:-1] if recovery == "last" else exp.chunk_lens
-    return exp, hf_reference.greedy(model, exp.token_ids, max_tokens, sys_len=exp.sys_len,
-                                    chunk_lens=chunk_lens, layout=layout)
+    return exp, hf_reference.greedy(
+        model, exp.token_ids, max_tokens, sys_len=exp.sys_len, chunk_lens=chunk_lens, layout=layout
+    )
 
 
 def assert_matches(out_tokens, out_logprobs, ref, what: str) -> None:

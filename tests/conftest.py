@@ -23,8 +23,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     """The tiny models, generated if missing (scripts/setup_env.sh normally made them)."""
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_models.py"), "--out", str(MODELS)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_tiny_models.py"), "--out", str(MODELS)],
+        check=True,
+        capture_output=True,
+    )
     return MODELS
 
 
@@ -43,8 +46,14 @@ def tiny_llama_llm(models_dir: Path):
 
     # A small token budget makes long prompts and chunk prefills span several steps; stats on
     # for the metrics tests.
-    llm = LLM(str(models_dir / "tiny-llama"), dtype="float32", max_model_len=4096, seed=0,
-              max_num_batched_tokens=512, disable_log_stats=False)
+    llm = LLM(
+        str(models_dir / "tiny-llama"),
+        dtype="float32",
+        max_model_len=4096,
+        seed=0,
+        max_num_batched_tokens=512,
+        disable_log_stats=False,
+    )
     yield llm
     del llm
 

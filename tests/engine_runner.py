@@ -28,10 +28,14 @@ def chunk_state(llm) -> dict | None:
     if coordinator is None:
         return None
     manager = coordinator.manager
-    return {**connector.stats_payload(), "used_pages": manager.used_pages,
-            "entry_pages": sum(len(e.pages) for e in manager.entries.values()),
-            "pending_entries": sum(not e.resident for e in manager.entries.values()),
-            "users": len(coordinator.users), "prefills": len(coordinator.prefills)}
+    return {
+        **connector.stats_payload(),
+        "used_pages": manager.used_pages,
+        "entry_pages": sum(len(e.pages) for e in manager.entries.values()),
+        "pending_entries": sum(not e.resident for e in manager.entries.values()),
+        "users": len(coordinator.users),
+        "prefills": len(coordinator.prefills),
+    }
 
 
 def run_round(llm, prompts, params) -> list[dict]:
@@ -43,18 +47,29 @@ def run_round(llm, prompts, params) -> list[dict]:
             results.append({"error": str(err)})
             continue
         gen = out.outputs[0]
-        results.append({"prompt_ids": out.prompt_token_ids, "tokens": list(gen.token_ids),
-                        "logprobs": [step[t].logprob for step, t in zip(gen.logprobs, gen.token_ids,
-                                                                        strict=True)],
-                        "cached": out.num_cached_tokens})
+        results.append(
+            {
+                "prompt_ids": out.prompt_token_ids,
+                "tokens": list(gen.token_ids),
+                "logprobs": [step[t].logprob for step, t in zip(gen.logprobs, gen.token_ids, strict=True)],
+                "cached": out.num_cached_tokens,
+            }
+        )
     return results
 
 
 def run_batch(llm, prompts, params) -> list[dict]:
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return [{"prompt_ids": o.prompt_token_ids, "tokens": list(o.outputs[0].token_ids),
-             "logprobs": [s[t].logprob for s, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids,
-                                                       strict=True)]} for o in outs]
+    return [
+        {
+            "prompt_ids": o.prompt_token_ids,
+            "tokens": list(o.outputs[0].token_ids),
+            "logprobs": [
+                s[t].logprob for s, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)
+            ],
+        }
+        for o in outs
+    ]
 
 
 def run_staggered(llm, prompts, late, late_after: int, params) -> list[dict]:
@@ -73,27 +88,38 @@ def run_staggered(llm, prompts, late, late_after: int, params) -> list[dict]:
         engine.add_request(rid, prompt, params)
     for _ in range(late_after):
         step()
-    for rid, prompt in zip(ids[len(prompts):], late, strict=True):
+    for rid, prompt in zip(ids[len(prompts) :], late, strict=True):
         engine.add_request(rid, prompt, params)
     while engine.has_unfinished_requests():
         step()
-    return [{"prompt_ids": outs[r].prompt_token_ids, "tokens": list(outs[r].outputs[0].token_ids),
-             "logprobs": [s[t].logprob for s, t in zip(outs[r].outputs[0].logprobs,
-                                                      outs[r].outputs[0].token_ids, strict=True)]}
-            for r in ids]
+    return [
+        {
+            "prompt_ids": outs[r].prompt_token_ids,
+            "tokens": list(outs[r].outputs[0].token_ids),
+            "logprobs": [
+                s[t].logprob
+                for s, t in zip(outs[r].outputs[0].logprobs, outs[r].outputs[0].token_ids, strict=True)
+            ],
+        }
+        for r in ids
+    ]
 
 
 def engine_info(llm) -> dict:
     config = llm.llm_engine.vllm_config
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    info = {"scheduler": type(scheduler).__name__, "dtype": str(config.model_config.dtype),
-            "async_scheduling": bool(config.scheduler_config.async_scheduling),
-            "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
-            "enforce_eager": bool(config.model_config.enforce_eager)}
+    info = {
+        "scheduler": type(scheduler).__name__,
+        "dtype": str(config.model_config.dtype),
+        "async_scheduling": bool(config.scheduler_config.async_scheduling),
+        "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+        "enforce_eager": bool(config.model_config.enforce_eager),
+    }
     try:
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-        info["attention_backends"] = sorted({g.backend.get_name() for groups in runner.attn_groups
-                                             for g in groups})
+        info["attention_backends"] = sorted(
+            {g.backend.get_name() for groups in runner.attn_groups for g in groups}
+        )
     except AttributeError:
         pass
     return info
@@ -125,14 +151,20 @@ def main() -> None:
     scheduler._preempt_request = lambda *a, **k: (preemptions.append(1), preempt(*a, **k))[1]
     result = {"rounds": [], "states": [], "engine": engine_info(llm)}
     for rnd in spec["rounds"]:
-        params = SamplingParams(max_tokens=rnd.get("max_tokens", 8), temperature=0.0, logprobs=1,
-                                ignore_eos=True, extra_args=rnd.get("extra_args"))
+        params = SamplingParams(
+            max_tokens=rnd.get("max_tokens", 8),
+            temperature=0.0,
+            logprobs=1,
+            ignore_eos=True,
+            extra_args=rnd.get("extra_args"),
+        )
         if rnd.get("abort"):
             abort_midway(llm, rnd["prompts"], params)
             result["rounds"].append([])
         elif rnd.get("late"):
-            result["rounds"].append(run_staggered(llm, rnd["prompts"], rnd["late"], rnd.get("late_after", 4),
-                                                  params))
+            result["rounds"].append(
+                run_staggered(llm, rnd["prompts"], rnd["late"], rnd.get("late_after", 4), params)
+            )
         elif rnd.get("batch"):
             result["rounds"].append(run_batch(llm, rnd["prompts"], params))
         else:

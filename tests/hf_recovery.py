@@ -93,8 +93,12 @@ def chunk_kv(model, prompt: list[int], sys_len: int, chunk_lens: list[int]) -> C
     chunks, at = [], sys_len
     for n in chunk_lens:
         cache = _cache_from([(k.clone(), v.clone()) for k, v in sys_layers])
-        model(input_ids=torch.tensor([prompt[at:at + n]]),
-              position_ids=torch.arange(sys_len, sys_len + n)[None], past_key_values=cache, use_cache=True)
+        model(
+            input_ids=torch.tensor([prompt[at : at + n]]),
+            position_ids=torch.arange(sys_len, sys_len + n)[None],
+            past_key_values=cache,
+            use_cache=True,
+        )
         chunks.append(_layers(cache, sys_len))
         at += n
     return ChunkKV(sys=sys_layers, chunks=chunks)
@@ -111,8 +115,9 @@ def rotate(model, keys: torch.Tensor, delta: int) -> torch.Tensor:
     return moved
 
 
-def recompute_set(mode: str, sys_len: int, chunk_lens: list[int],
-                  deviation: torch.Tensor | None = None) -> set[int]:
+def recompute_set(
+    mode: str, sys_len: int, chunk_lens: list[int], deviation: torch.Tensor | None = None
+) -> set[int]:
     """Region offsets (0 = first token of C_1) computed rather than loaded, for `mode`."""
     mode = mode.removeprefix("defer-")
     region = sum(chunk_lens)
@@ -140,8 +145,18 @@ def recompute_set(mode: str, sys_len: int, chunk_lens: list[int],
 
 
 @torch.no_grad()
-def run(model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: str, compute: set[int],
-        kv: ChunkKV, max_tokens: int = 16, eos: int | None = None, defer: bool = False) -> Outcome:
+def run(
+    model,
+    prompt: list[int],
+    sys_len: int,
+    chunk_lens: list[int],
+    layout: str,
+    compute: set[int],
+    kv: ChunkKV,
+    max_tokens: int = 16,
+    eos: int | None = None,
+    defer: bool = False,
+) -> Outcome:
     """Execute the plan (loaded/computed region tokens, then Q), then decode greedily.
 
     `defer`: the computed tokens go after every loaded token (a contiguous suffix before Q)."""
@@ -161,8 +176,11 @@ def run(model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: s
     while r < len(tokens):
         end = r
         # A run: computed tokens of any chunks, or loaded tokens of one chunk.
-        while (end < len(tokens) and tokens[end][4] == tokens[r][4]
-               and (tokens[r][4] or tokens[end][2] == tokens[r][2])):
+        while (
+            end < len(tokens)
+            and tokens[end][4] == tokens[r][4]
+            and (tokens[r][4] or tokens[end][2] == tokens[r][2])
+        ):
             end += 1
         run_ = tokens[r:end]
         if run_[0][4]:  # computed
@@ -175,16 +193,20 @@ def run(model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: s
             for layer, (k, v) in enumerate(kv.chunks[i]):
                 cache.update(rotate(model, k[:, :, j0:j1], delta), v[:, :, j0:j1], layer)
         r = end
-    q_ids = prompt[sys_len + sum(chunk_lens):]
+    q_ids = prompt[sys_len + sum(chunk_lens) :]
     positions = torch.arange(q_start, q_start + len(q_ids))[None]
-    logits = model(input_ids=torch.tensor([q_ids]), position_ids=positions, past_key_values=cache,
-                   use_cache=True).logits[0, -1].float()
+    logits = (
+        model(input_ids=torch.tensor([q_ids]), position_ids=positions, past_key_values=cache, use_cache=True)
+        .logits[0, -1]
+        .float()
+    )
     tokens, first = _decode(model, cache, logits, q_start + len(q_ids), max_tokens, eos)
     return Outcome(tokens=tokens, first_logprobs=first, computed=len(compute) + len(q_ids))
 
 
-def _decode(model, cache, logits: torch.Tensor, pos: int, max_tokens: int,
-            eos: int | None) -> tuple[list[int], torch.Tensor]:
+def _decode(
+    model, cache, logits: torch.Tensor, pos: int, max_tokens: int, eos: int | None
+) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens from the first answer token's logits on, and that token's log-softmax."""
     first = torch.log_softmax(logits, dim=-1)
     out: list[int] = []
@@ -193,15 +215,24 @@ def _decode(model, cache, logits: torch.Tensor, pos: int, max_tokens: int,
         if eos is not None and token == eos:
             break
         out.append(token)
-        logits = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]),
-                       past_key_values=cache, use_cache=True).logits[0, -1].float()
+        logits = (
+            model(
+                input_ids=torch.tensor([[token]]),
+                position_ids=torch.tensor([[pos]]),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            .logits[0, -1]
+            .float()
+        )
         pos += 1
     return out, first
 
 
 @torch.no_grad()
-def run_full(model, prompt: list[int], max_tokens: int = 16, eos: int | None = None,
-             check_layer: int = 1) -> tuple[Outcome, torch.Tensor]:
+def run_full(
+    model, prompt: list[int], max_tokens: int = 16, eos: int | None = None, check_layer: int = 1
+) -> tuple[Outcome, torch.Tensor]:
     """Full attention (an ordinary causal prompt), and its keys at `check_layer` [T, H*D]."""
     outputs = model(input_ids=torch.tensor([prompt]), use_cache=True)
     cache, logits = outputs.past_key_values, outputs.logits[0, -1].float()
@@ -210,8 +241,15 @@ def run_full(model, prompt: list[int], max_tokens: int = 16, eos: int | None = N
     return Outcome(tokens=tokens, first_logprobs=first, computed=len(prompt)), keys
 
 
-def key_deviation(model, kv: ChunkKV, full_keys: torch.Tensor, sys_len: int, chunk_lens: list[int],
-                  layout: str, check_layer: int = 1) -> torch.Tensor:
+def key_deviation(
+    model,
+    kv: ChunkKV,
+    full_keys: torch.Tensor,
+    sys_len: int,
+    chunk_lens: list[int],
+    layout: str,
+    check_layer: int = 1,
+) -> torch.Tensor:
     """Per region token: || loaded key - full attention's key ||^2 at `check_layer`."""
     starts, _ = layout_starts(sys_len, chunk_lens, layout)
     loaded = []
@@ -219,7 +257,7 @@ def key_deviation(model, kv: ChunkKV, full_keys: torch.Tensor, sys_len: int, chu
         k = rotate(model, layers[check_layer][0], starts[i] - sys_len)
         loaded.append(k[0].transpose(0, 1).reshape(k.shape[2], -1))
     loaded_keys = torch.cat(loaded)
-    region = full_keys[sys_len:sys_len + sum(chunk_lens)]
+    region = full_keys[sys_len : sys_len + sum(chunk_lens)]
     return ((loaded_keys - region) ** 2).sum(-1)
 
 

@@ -35,7 +35,7 @@ def segment_ids(sys_len: int, chunk_lens: list[int], total: int) -> torch.Tensor
     seg[:sys_len] = 0
     start = sys_len
     for i, n in enumerate(chunk_lens, start=1):
-        seg[start:start + n] = i
+        seg[start : start + n] = i
         start += n
     return seg
 
@@ -58,15 +58,21 @@ def position_ids(sys_len: int, chunk_lens: list[int], total: int, layout: str = 
     pos = torch.arange(total)  # `sequential`: the positions of the plain concatenation
     if layout == "overlap" and chunk_lens:
         chunk_pos = [torch.arange(sys_len, sys_len + n) for n in chunk_lens]
-        pos[sys_len:sys_len + sum(chunk_lens)] = torch.cat(chunk_pos)
+        pos[sys_len : sys_len + sum(chunk_lens)] = torch.cat(chunk_pos)
         q_start = sys_len + sum(chunk_lens)
         pos[q_start:] = torch.arange(total - q_start) + sys_len + max(chunk_lens)
     return pos[None]
 
 
 @torch.no_grad()
-def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None,
-           chunk_lens: list[int] | None = None, layout: str = "overlap") -> Reference:
+def greedy(
+    model,
+    prompt: list[int],
+    max_tokens: int,
+    sys_len: int | None = None,
+    chunk_lens: list[int] | None = None,
+    layout: str = "overlap",
+) -> Reference:
     chunk_lens = chunk_lens or []
     if layout == "sequential" and chunk_lens:
         return greedy_sequential(model, prompt, max_tokens, sys_len, chunk_lens)
@@ -75,11 +81,15 @@ def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None
     out = Reference(tokens=[])
     for _ in range(max_tokens):
         n = len(ids)
-        logits = model(
-            input_ids=torch.tensor([ids]),
-            attention_mask=attention_mask(sys_len, chunk_lens, n),
-            position_ids=position_ids(sys_len, chunk_lens, n, layout),
-        ).logits[0, -1].float()
+        logits = (
+            model(
+                input_ids=torch.tensor([ids]),
+                attention_mask=attention_mask(sys_len, chunk_lens, n),
+                position_ids=position_ids(sys_len, chunk_lens, n, layout),
+            )
+            .logits[0, -1]
+            .float()
+        )
         logprobs = torch.log_softmax(logits, dim=-1)
         top2 = logprobs.topk(2).values
         token = int(logprobs.argmax())
@@ -91,8 +101,9 @@ def greedy(model, prompt: list[int], max_tokens: int, sys_len: int | None = None
 
 
 @torch.no_grad()
-def greedy_sequential(model, prompt: list[int], max_tokens: int, sys_len: int,
-                      chunk_lens: list[int]) -> Reference:
+def greedy_sequential(
+    model, prompt: list[int], max_tokens: int, sys_len: int, chunk_lens: list[int]
+) -> Reference:
     from transformers import DynamicCache
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -101,7 +112,7 @@ def greedy_sequential(model, prompt: list[int], max_tokens: int, sys_len: int,
     values: list[list[torch.Tensor]] = [[] for _ in range(layers)]
     start = offset = sys_len
     for i, n in enumerate(chunk_lens):
-        ids = prompt[:sys_len] + prompt[start:start + n]
+        ids = prompt[:sys_len] + prompt[start : start + n]
         cache = model(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
         delta = torch.full((1, n), offset - sys_len)  # computed at sys_len.., placed at offset..
         for layer in range(layers):
@@ -121,8 +132,13 @@ def greedy_sequential(model, prompt: list[int], max_tokens: int, sys_len: int,
     out, ids = Reference(tokens=[]), list(prompt[offset:])
     for _ in range(max_tokens):
         positions = torch.arange(offset, offset + len(ids))[None]
-        logits = model(input_ids=torch.tensor([ids]), position_ids=positions, past_key_values=cache,
-                       use_cache=True).logits[0, -1].float()
+        logits = (
+            model(
+                input_ids=torch.tensor([ids]), position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            .logits[0, -1]
+            .float()
+        )
         logprobs = torch.log_softmax(logits, dim=-1)
         top2 = logprobs.topk(2).values
         token = int(logprobs.argmax())
@@ -137,5 +153,6 @@ def greedy_sequential(model, prompt: list[int], max_tokens: int, sys_len: int,
 def load(model_dir) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()

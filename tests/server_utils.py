@@ -19,8 +19,16 @@ TIMEOUT = 60
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0); yields its URL."""
-    args = ["--served-model-name", "tiny-llama", "--dtype", "float32", "--max-model-len", "4096",
-            "--seed", "0"]
+    args = [
+        "--served-model-name",
+        "tiny-llama",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "4096",
+        "--seed",
+        "0",
+    ]
     with VllmServer(model_dir, args, env=env, log_path=log) as server:
         yield server.url
 

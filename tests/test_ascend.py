@@ -48,12 +48,29 @@ def _fetch_sdist(cache: Path) -> Path:
         # (torch-npu, triton-ascend) when build isolation is off.
         tools = Path(tmp) / "tools"
         pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-        subprocess.run([*pip, "install", "--quiet", "--target", str(tools), "setuptools-scm>=8"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [*pip, "install", "--quiet", "--target", str(tools), "setuptools-scm>=8"],
+            check=True,
+            capture_output=True,
+        )
         env = {**os.environ, "SOC_VERSION": "ascend910b1", "PYTHONPATH": str(tools)}
-        subprocess.run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "--no-build-isolation", f"vllm-ascend=={ASCEND_VERSION}", "-d", tmp],
-                       check=True, capture_output=True, env=env)
+        subprocess.run(
+            [
+                *pip,
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                f"vllm-ascend=={ASCEND_VERSION}",
+                "-d",
+                tmp,
+            ],
+            check=True,
+            capture_output=True,
+            env=env,
+        )
         os.replace(Path(tmp) / sdist.name, sdist)
     return sdist
 
@@ -69,8 +86,9 @@ def pristine_ascend() -> Path:
         shutil.rmtree(root, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp, tarfile.open(sdist) as tar:
             top = f"vllm_ascend-{ASCEND_VERSION}/vllm_ascend"
-            tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.startswith(top + "/")],
-                           filter="data")
+            tar.extractall(
+                tmp, members=[m for m in tar.getmembers() if m.name.startswith(top + "/")], filter="data"
+            )
             os.replace(Path(tmp) / f"vllm_ascend-{ASCEND_VERSION}", root)
     return root
 
@@ -89,6 +107,7 @@ def scratch(tmp_path: Path, pristine_ascend: Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------
 # The patch series on the pristine sdist
+
 
 def test_series_targets_the_pinned_release_one_module_per_patch():
     assert (SERIES / "TARGET_VERSION").read_text().strip() == ASCEND_VERSION
@@ -138,8 +157,9 @@ def test_runner_hook_follows_the_slot_mapping(scratch: Path):
     calls = [n for n in ast.walk(prepare) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
     slot_mapping = max(c.lineno for c in calls if c.func.attr == "compute_slot_mapping")
     (hook,) = [c for c in calls if c.func.attr == "prepare_step"]
-    assert ast.unparse(hook) == ("chunk_worker_hooks.prepare_step(self, scheduler_output, num_reqs, "
-                                 "total_num_scheduled_tokens)")
+    assert ast.unparse(hook) == (
+        "chunk_worker_hooks.prepare_step(self, scheduler_output, num_reqs, total_num_scheduled_tokens)"
+    )
     assert hook.lineno > slot_mapping
 
 
@@ -173,11 +193,24 @@ def test_regeneration_reproduces_the_committed_series(scratch: Path, pristine_as
     out = tmp_path_factory.mktemp("series")
     for p in PATCHES:  # numbering is kept from the existing series
         shutil.copy2(p, out / p.name)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "regen_patches.py"), "vllm-ascend",
-                    "--pristine", str(pristine_ascend), "--edited", str(scratch), "--out", str(out)],
-                   check=True, capture_output=True)
-    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))} == \
-           {p.name: p.read_bytes() for p in PATCHES}
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "regen_patches.py"),
+            "vllm-ascend",
+            "--pristine",
+            str(pristine_ascend),
+            "--edited",
+            str(scratch),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))} == {
+        p.name: p.read_bytes() for p in PATCHES
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,8 +259,11 @@ def test_writer_refuses_layouts_other_than_the_nd_pair():
     with pytest.raises(NotImplementedError, match="ND paged KV cache"):
         npu.npu_kv_writer(torch.zeros(3, 2, BLOCK_SIZE, 2, 64), layer, npu.reshape_and_cache_reference)
     with pytest.raises(NotImplementedError, match="ND paged KV cache"):
-        npu.npu_kv_writer((torch.zeros(3, BLOCK_SIZE, 2, 64), torch.zeros(3, BLOCK_SIZE, 2, 32)), layer,
-                          npu.reshape_and_cache_reference)
+        npu.npu_kv_writer(
+            (torch.zeros(3, BLOCK_SIZE, 2, 64), torch.zeros(3, BLOCK_SIZE, 2, 32)),
+            layer,
+            npu.reshape_and_cache_reference,
+        )
     nz_like = tuple(torch.zeros(3, 2 * 64 // 16, BLOCK_SIZE, 16) for _ in "kv")  # Atlas 300I's layout
     with pytest.raises(NotImplementedError, match="unsupported NPU layout"):
         npu.npu_kv_writer(nz_like, layer, npu.reshape_and_cache_reference)
@@ -238,8 +274,9 @@ def test_make_kv_writer_takes_the_npu_branch_on_ascend(monkeypatch):
 
     from vllm_ascend_chunk.ops.kv_write import make_kv_writer
 
-    ascend = SimpleNamespace(is_cpu=lambda: False, is_cuda_alike=lambda: False, device_type="npu",
-                             device_name="npu")
+    ascend = SimpleNamespace(
+        is_cpu=lambda: False, is_cuda_alike=lambda: False, device_type="npu", device_name="npu"
+    )
     monkeypatch.setattr(vllm.platforms, "current_platform", ascend, raising=False)
     monkeypatch.setattr(npu, "device_reshape_and_cache", lambda: npu.reshape_and_cache_reference)
     caches = _poisoned_pair(2, 1, 8, torch.float32)
@@ -286,6 +323,7 @@ def test_fused_rotation_refuses_bad_shapes():
 # ---------------------------------------------------------------------------------------------
 # scripts/npu_selfcheck.py without an NPU
 
+
 @pytest.fixture(scope="module")
 def selfcheck():
     spec = importlib.util.spec_from_file_location("npu_selfcheck", REPO / "scripts" / "npu_selfcheck.py")
@@ -298,8 +336,9 @@ def selfcheck():
 
 def test_selfcheck_help_needs_no_torch_npu():
     assert importlib.util.find_spec("torch_npu") is None
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "npu_selfcheck.py"), "--help"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "npu_selfcheck.py"), "--help"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and "--skip-generation" in result.stdout
 
 
@@ -325,7 +364,7 @@ def test_selfcheck_catches_faulty_ops(selfcheck):
         return apply_rotation_(keys, cos, -sin, spec)
 
     def touches_the_tail(keys, cos, sin, spec):
-        keys[..., spec.rotary_dim:] += 1
+        keys[..., spec.rotary_dim :] += 1
         return apply_rotation_(keys, cos, sin, spec)
 
     for rotate in (wrong_sign, touches_the_tail):

@@ -26,10 +26,17 @@ def vllm_config(models_dir: Path, num_gpu_blocks: int = 64, policy: str = "fcfs"
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model = ModelConfig(str(models_dir / "tiny-llama"), dtype="float32", max_model_len=1024, seed=0)
-    config = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK),
-                        scheduler_config=SchedulerConfig(max_model_len=1024, max_num_batched_tokens=64,
-                                                         max_num_seqs=8, is_encoder_decoder=False,
-                                                         policy=policy))
+    config = VllmConfig(
+        model_config=model,
+        cache_config=CacheConfig(block_size=BLOCK),
+        scheduler_config=SchedulerConfig(
+            max_model_len=1024,
+            max_num_batched_tokens=64,
+            max_num_seqs=8,
+            is_encoder_decoder=False,
+            policy=policy,
+        ),
+    )
     config.cache_config.num_gpu_blocks = num_gpu_blocks
     return config
 
@@ -47,11 +54,17 @@ def make_scheduler(config):
 
     init_none_hash(get_hash_fn_by_name("sha256"))  # what the engine core does at start-up
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    kv = KVCacheConfig(num_blocks=config.cache_config.num_gpu_blocks, kv_cache_tensors=[],
-                       kv_cache_groups=[KVCacheGroupSpec(["layers.0", "layers.1"], spec)])
-    return ChunkCacheAsyncScheduler(vllm_config=config, kv_cache_config=kv,
-                                    structured_output_manager=StructuredOutputManager(config),
-                                    block_size=BLOCK)
+    kv = KVCacheConfig(
+        num_blocks=config.cache_config.num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layers.0", "layers.1"], spec)],
+    )
+    return ChunkCacheAsyncScheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
 
 
 @pytest.fixture
@@ -65,8 +78,14 @@ def chunked_request(scheduler, rid: str, sys_len: int, chunk_lens: list[int], qu
     return make_request(scheduler, rid, ids, spans)
 
 
-def make_request(scheduler, rid: str, ids: list[int], spans: ChunkSpans | None = None,
-                 max_tokens: int = 3, priority: int = 0):
+def make_request(
+    scheduler,
+    rid: str,
+    ids: list[int],
+    spans: ChunkSpans | None = None,
+    max_tokens: int = 3,
+    priority: int = 0,
+):
     """An engine-core `Request`; with `spans` a chunk-path one, its keys made as the frontend
     makes them."""
     from vllm import SamplingParams
@@ -75,10 +94,16 @@ def make_request(scheduler, rid: str, ids: list[int], spans: ChunkSpans | None =
     from vllm_ascend_chunk.frontend.keys import hash_fn, with_keys
 
     info = None if spans is None else with_keys(spans, ids, ("tiny", "float32"), hash_fn())
-    return Request(request_id=rid, prompt_token_ids=ids,
-                   sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                   pooling_params=None, arrival_time=time.time(), chunk_cache=info, priority=priority,
-                   block_hasher=scheduler._prefill_block_hasher)
+    return Request(
+        request_id=rid,
+        prompt_token_ids=ids,
+        sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        pooling_params=None,
+        arrival_time=time.time(),
+        chunk_cache=info,
+        priority=priority,
+        block_hasher=scheduler._prefill_block_hasher,
+    )
 
 
 def synthetic_output(scheduler_output, scheduler, token: int = 11):
@@ -87,8 +112,9 @@ def synthetic_output(scheduler_output, scheduler, token: int = 11):
 
     ids = list(scheduler_output.num_scheduled_tokens)
     sampled = [[] if scheduler.requests[r].is_prefill_chunk else [token] for r in ids]
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=sampled)
+    return ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+    )
 
 
 def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, caplog):
@@ -107,8 +133,11 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
             scheduler.running.remove(request)
             scheduler._preempt_request(request, time.monotonic())
             preempted.append(request.request_id)
-        last_piece = [scheduler.requests[r] for r in out.num_scheduled_tokens
-                      if r in coordinator.prefills and not scheduler.requests[r].is_prefill_chunk]
+        last_piece = [
+            scheduler.requests[r]
+            for r in out.num_scheduled_tokens
+            if r in coordinator.prefills and not scheduler.requests[r].is_prefill_chunk
+        ]
         if len(in_flight) == 2 or not out.num_scheduled_tokens:  # the output of one step back
             for eco in scheduler.update_from_output(*in_flight.popleft()).values():
                 finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
@@ -193,8 +222,15 @@ class AsyncRun:
         self.counts: Counter = Counter()
 
     # -- client actions ----------------------------------------------------------------------
-    def add(self, rid: str, ids: list[int], max_tokens: int, priority: int, sys: tuple = (),
-            docs: list[tuple] | None = None) -> None:
+    def add(
+        self,
+        rid: str,
+        ids: list[int],
+        max_tokens: int,
+        priority: int,
+        sys: tuple = (),
+        docs: list[tuple] | None = None,
+    ) -> None:
         spans = None
         if docs is not None:
             question = len(ids) - len(sys) - sum(map(len, docs))
@@ -229,8 +265,11 @@ class AsyncRun:
             self._check_loads(out)
             self._record_saves(out)
             self.in_flight.append((out, synthetic_output(out, self.scheduler, TOKEN)))
-        if self.in_flight and (len(self.in_flight) == 2 or not self.in_flight[-1][0].num_scheduled_tokens
-                               or not self.scheduler.has_requests()):
+        if self.in_flight and (
+            len(self.in_flight) == 2
+            or not self.in_flight[-1][0].num_scheduled_tokens
+            or not self.scheduler.has_requests()
+        ):
             self._apply(*self.in_flight.popleft())
         check_bookkeeping(self.coord, self.coord.prefills)
         self.counts["steps"] += 1
@@ -353,8 +392,13 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
 
     totals: Counter = Counter()
 
-    @settings(max_examples=40, derandomize=True, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=40,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(data=st.data())
     def run_one(data) -> None:
         run = AsyncRun(make_scheduler(small_pool))
@@ -364,8 +408,18 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
         totals["examples"] += 1
 
     run_one()
-    reached = ("load_steps", "hits", "inflight_joins", "evictions", "preemptions", "prefill_preemptions",
-               "prefill_preemptions_in_flight", "aborts", "resets", "reset_preemptions")
+    reached = (
+        "load_steps",
+        "hits",
+        "inflight_joins",
+        "evictions",
+        "preemptions",
+        "prefill_preemptions",
+        "prefill_preemptions_in_flight",
+        "aborts",
+        "resets",
+        "reset_preemptions",
+    )
     for what in reached:
         assert totals[what] > 0, f"no {what} in {dict(totals)}"
     assert (totals["sequential_load_steps"] > 0) == (get_config().layout == "sequential")

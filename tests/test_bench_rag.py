@@ -49,8 +49,12 @@ def test_concurrency_streams_are_fresh_and_the_same_for_every_configuration():
     assert [r.doc_ids for r in a[16]] != [r.doc_ids for r in a[64]]
     questions = [r.question_seed for level in a.values() for r in level]
     assert len(set(questions)) == len(questions)
-    assert all(rag_workload.STREAM_SEEDS <= d < rag_workload.STREAM_SEEDS + 48
-               for level in a.values() for r in level for d in r.doc_ids)
+    assert all(
+        rag_workload.STREAM_SEEDS <= d < rag_workload.STREAM_SEEDS + 48
+        for level in a.values()
+        for r in level
+        for d in r.doc_ids
+    )
 
 
 def test_every_configuration_gets_the_same_cpu_reservation(tmp_path: Path):
@@ -75,10 +79,14 @@ def sample(phase, label, n_docs, ttft):
 def test_targets_long_concurrency_and_itl():
     results = {
         "no_cache": {"samples": [sample("sweep", "cold", 32, 50_000), sample("sweep", "warm", 32, 60_000)]},
-        "prefix": {"samples": [sample("warmup", "cold", 4, 10)],
-                   "concurrency": {"64": {"requests_per_s": 1.0}, "16": {"requests_per_s": 2.0}}},
-        "chunk": {"samples": [sample("sweep", "cold", 32, 9_000), sample("sweep", "warm", 32, 500)],
-                  "concurrency": {"64": {"requests_per_s": 6.0}, "16": {"requests_per_s": 8.0}}},
+        "prefix": {
+            "samples": [sample("warmup", "cold", 4, 10)],
+            "concurrency": {"64": {"requests_per_s": 1.0}, "16": {"requests_per_s": 2.0}},
+        },
+        "chunk": {
+            "samples": [sample("sweep", "cold", 32, 9_000), sample("sweep", "warm", 32, 500)],
+            "concurrency": {"64": {"requests_per_s": 6.0}, "16": {"requests_per_s": 8.0}},
+        },
     }
     itl = {"summary": {"ordinary_overhead_paired_median": 0.025, "chunked_overhead_paired_median": -0.1}}
     t = bench_rag.targets(results, long=True, itl=itl)

@@ -26,8 +26,14 @@ def hasher(hash_name: str) -> Callable[..., list[bytes]]:
     init_none_hash(hash_fn)  # random per call without PYTHONHASHSEED: once per comparison
 
     def block_hashes(**kwargs) -> list[bytes]:
-        request = Request("r", TOKENS, SamplingParams(max_tokens=1), None,
-                          block_hasher=get_request_block_hasher(BLOCK_SIZE, hash_fn), **kwargs)
+        request = Request(
+            "r",
+            TOKENS,
+            SamplingParams(max_tokens=1),
+            None,
+            block_hasher=get_request_block_hasher(BLOCK_SIZE, hash_fn),
+            **kwargs,
+        )
         assert len(request.block_hashes) == len(TOKENS) // BLOCK_SIZE
         return request.block_hashes
 

@@ -16,12 +16,26 @@ import pytest
 RUNNER = Path(__file__).with_name("engine_runner.py")
 
 
-def run_engine(model_dir: Path, rounds: list[dict], engine: dict | None = None,
-               env: dict | None = None, dtype: str = "float32") -> dict:
-    spec = {"model": str(model_dir), "dtype": dtype, "engine": {"max_model_len": 4096, **(engine or {})},
-            "rounds": rounds}
-    run = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, timeout=900)
+def run_engine(
+    model_dir: Path,
+    rounds: list[dict],
+    engine: dict | None = None,
+    env: dict | None = None,
+    dtype: str = "float32",
+) -> dict:
+    spec = {
+        "model": str(model_dir),
+        "dtype": dtype,
+        "engine": {"max_model_len": 4096, **(engine or {})},
+        "rounds": rounds,
+    }
+    run = subprocess.run(
+        [sys.executable, str(RUNNER), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=900,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     return json.loads(run.stdout.split("RESULT ", 1)[1])
 
@@ -37,17 +51,23 @@ def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="over
 def tools(models_dir: Path, name: str):
     from tokenizers import Tokenizer
 
-    return (cc.hf_reference.load(models_dir / name),
-            Tokenizer.from_file(str(models_dir / name / "tokenizer.json")))
+    return (
+        cc.hf_reference.load(models_dir / name),
+        Tokenizer.from_file(str(models_dir / name / "tokenizer.json")),
+    )
 
 
 def test_qwen2_cold_warm_reordered(models_dir: Path):
     docs = [cc.document(40 + i, 60) for i in range(4)] + [cc.UNICODE_DOC]
-    first = [cc.chunked(cc.SYS, docs[:3], "What is first?"),
-             cc.chunked(cc.SYS, [docs[3], docs[4]], "Which is French?"),
-             cc.chunked(cc.SYS, [cc.document(60, 700)], "Long one?")]
-    reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
-                 cc.chunked(cc.SYS, [docs[4], docs[1], docs[3]], "Mixed?")]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first?"),
+        cc.chunked(cc.SYS, [docs[3], docs[4]], "Which is French?"),
+        cc.chunked(cc.SYS, [cc.document(60, 700)], "Long one?"),
+    ]
+    reordered = [
+        cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
+        cc.chunked(cc.SYS, [docs[4], docs[1], docs[3]], "Mixed?"),
+    ]
     rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered}]
     result = run_engine(models_dir / "tiny-qwen2", rounds)
     model, raw_tok = tools(models_dir, "tiny-qwen2")
@@ -65,10 +85,14 @@ def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
     """Chunks at the positions of the plain concatenation: cached keys re-rotated on load
     (tiny-llama3: Llama3 rope scaling, so the rescaled frequency bands are exercised)."""
     docs = [cc.document(140 + i, 80 + 30 * i) for i in range(4)] + [cc.UNICODE_DOC]
-    first = [cc.chunked(cc.SYS, docs[:3], "What is first?"),
-             cc.chunked(cc.SYS, [docs[3], docs[4], docs[0]], "Which is French?")]
-    reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
-                 cc.chunked(cc.SYS, [docs[4], docs[1], docs[3], docs[2]], "Mixed?")]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first?"),
+        cc.chunked(cc.SYS, [docs[3], docs[4], docs[0]], "Which is French?"),
+    ]
+    reordered = [
+        cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
+        cc.chunked(cc.SYS, [docs[4], docs[1], docs[3], docs[2]], "Mixed?"),
+    ]
     rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True}]
     result = run_engine(models_dir / name, rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "sequential"})
     model, raw_tok = tools(models_dir, name)
@@ -84,11 +108,18 @@ def test_recovery_last_in_the_sequential_layout(models_dir: Path):
     """`VLLM_CHUNK_CACHE_RECOVERY=last`: every request computes its last document with its question
     (never loads or stores it); a request can ask for `none` and gets plain `sequential`."""
     docs = [cc.document(300 + i, 60 + 20 * i) for i in range(4)]
-    first = [cc.chunked(cc.SYS, docs[:3], "What is first?"), cc.chunked(cc.SYS, [docs[3], docs[0]], "And?"),
-             cc.chunked(cc.SYS, [docs[1]], "One document only?")]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first?"),
+        cc.chunked(cc.SYS, [docs[3], docs[0]], "And?"),
+        cc.chunked(cc.SYS, [docs[1]], "One document only?"),
+    ]
     reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?")]
-    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True},
-              {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}}]
+    rounds = [
+        {"prompts": first},
+        {"prompts": first},
+        {"prompts": reordered, "batch": True},
+        {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}},
+    ]
     env = {"VLLM_CHUNK_CACHE_LAYOUT": "sequential", "VLLM_CHUNK_CACHE_RECOVERY": "last"}
     result = run_engine(models_dir / "tiny-llama", rounds, env=env)
     model, raw_tok = tools(models_dir, "tiny-llama")
@@ -113,10 +144,14 @@ def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
     preempting = [cc.chunked(cc.SYS, [docs[i], docs[i + 1]], "Tell me more.") for i in (0, 3, 6)]
     aborted = [cc.chunked(cc.SYS, [docs[i], docs[(i + 4) % 9]], "Abort?") for i in range(4)]
     too_big = cc.chunked(cc.SYS, [docs[i] for i in range(5)], "Too many?")
-    rounds = [{"prompts": evicting}, {"prompts": evicting, "batch": True},
-              {"prompts": preempting, "batch": True, "max_tokens": 160},
-              {"prompts": aborted, "abort": True, "max_tokens": 64}, {"prompts": [too_big]},
-              {"prompts": evicting[:1]}]
+    rounds = [
+        {"prompts": evicting},
+        {"prompts": evicting, "batch": True},
+        {"prompts": preempting, "batch": True, "max_tokens": 160},
+        {"prompts": aborted, "abort": True, "max_tokens": 64},
+        {"prompts": [too_big]},
+        {"prompts": evicting[:1]},
+    ]
     result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE, SMALL)
     model, raw_tok = tools(models_dir, "tiny-llama")
     check_round(model, raw_tok, evicting, result["rounds"][0], 8, "one by one")
@@ -179,7 +214,10 @@ def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path):
 def test_engine_refuses_a_pool_larger_than_its_kv_budget(models_dir: Path, name: str):
     run = subprocess.run(
         [sys.executable, str(RUNNER), json.dumps({"model": str(models_dir / name), "rounds": []})],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "VLLM_CHUNK_CACHE_SIZE_GB": "4", "VLLM_CPU_KVCACHE_SPACE": "1"})
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_CHUNK_CACHE_SIZE_GB": "4", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     assert run.returncode != 0
     assert "VLLM_CHUNK_CACHE_SIZE_GB=4 leaves no memory for the paged KV cache" in run.stdout + run.stderr

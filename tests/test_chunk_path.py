@@ -34,8 +34,12 @@ def check(llm, model, raw_tok, prompts, max_tokens=MAX_TOKENS):
         exp, ref = cc.reference(model, raw_tok, prompt, max_tokens)
         assert out.prompt_token_ids == exp.token_ids
         gen = out.outputs[0]
-        cc.assert_matches(gen.token_ids, [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids,
-                                                                        strict=True)], ref, prompt[:60])
+        cc.assert_matches(
+            gen.token_ids,
+            [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)],
+            ref,
+            prompt[:60],
+        )
     return outs
 
 
@@ -43,8 +47,9 @@ DOCS = [cc.document(i, 40) for i in range(8)]
 CASES = {
     "one chunk": cc.chunked(cc.SYS, DOCS[:1], "What does it say?"),
     "three chunks, unicode": cc.chunked(cc.SYS, [DOCS[1], cc.UNICODE_DOC, DOCS[2]], "Which one is French?"),
-    "eight tiny chunks": cc.chunked(cc.SYS, ["a b", "cd", "e", "42", "ünï", "x y z", "?", "ok"],
-                                    "Sum it up."),
+    "eight tiny chunks": cc.chunked(
+        cc.SYS, ["a b", "cd", "e", "42", "ünï", "x y z", "?", "ok"], "Sum it up."
+    ),
     "empty system": cc.chunked("", DOCS[3:5], "Why?"),
     "same chunk twice": cc.chunked(cc.SYS, [DOCS[5], DOCS[6], DOCS[5]], "Repeat?"),
     "no chunk left": "Only a system prompt # # # # and a question?",
@@ -72,8 +77,10 @@ def test_cold_then_warm_then_reordered(tiny_llama_llm, hf_model, raw_tok, coordi
     assert stats.hits - hits == occurrences, "every chunk is resident the second time"
     assert [o.outputs[0].token_ids for o in warm] == [o.outputs[0].token_ids for o in cold]
 
-    reordered = [cc.chunked(cc.SYS, [DOCS[2], cc.UNICODE_DOC, DOCS[1]], "Which one is French?"),
-                 cc.chunked(cc.SYS, [DOCS[6], DOCS[5]], "Repeat?")]
+    reordered = [
+        cc.chunked(cc.SYS, [DOCS[2], cc.UNICODE_DOC, DOCS[1]], "Which one is French?"),
+        cc.chunked(cc.SYS, [DOCS[6], DOCS[5]], "Repeat?"),
+    ]
     hits, misses = stats.hits, stats.misses
     check(tiny_llama_llm, hf_model, raw_tok, reordered)
     assert (stats.hits - hits, stats.misses - misses) == (5, 0), "reordered documents all hit"
@@ -84,13 +91,22 @@ def test_long_chunks_span_several_steps(tiny_llama_llm, hf_model, raw_tok):
     prompt = cc.chunked(cc.SYS, long_docs, "What is the second document about?")
     assert max(cc.expected_structure(raw_tok, prompt).chunk_lens) > 1000
     check(tiny_llama_llm, hf_model, raw_tok, [prompt], max_tokens=4)
-    check(tiny_llama_llm, hf_model, raw_tok, [cc.chunked(cc.SYS, long_docs[::-1], "And the first?")],
-          max_tokens=4)
+    check(
+        tiny_llama_llm,
+        hf_model,
+        raw_tok,
+        [cc.chunked(cc.SYS, long_docs[::-1], "And the first?")],
+        max_tokens=4,
+    )
 
 
 def test_mixed_batch_with_ordinary_prompts(tiny_llama_llm, hf_model, raw_tok):
-    prompts = [CASES["one chunk"], "An ordinary prompt about ferries and tea houses.",
-               cc.chunked(cc.SYS, [DOCS[7], DOCS[0]], "New mix?"), "Another ordinary one # # here."]
+    prompts = [
+        CASES["one chunk"],
+        "An ordinary prompt about ferries and tea houses.",
+        cc.chunked(cc.SYS, [DOCS[7], DOCS[0]], "New mix?"),
+        "Another ordinary one # # here.",
+    ]
     check(tiny_llama_llm, hf_model, raw_tok, prompts)
 
 
@@ -113,8 +129,9 @@ def test_no_cache_salt_reaches_chunk_blocks(tiny_llama_llm, hf_model, raw_tok):
     salt = f"chunk-cache:overlap:{exp.sys_len}:{','.join(map(str, exp.chunk_lens))}"
     out = generate(tiny_llama_llm, [{"prompt_token_ids": exp.token_ids, "cache_salt": salt}])[0]
     assert out.num_cached_tokens == 0
-    assert list(out.outputs[0].token_ids) == cc.hf_reference.greedy(hf_model, exp.token_ids,
-                                                                     MAX_TOKENS).tokens
+    assert (
+        list(out.outputs[0].token_ids) == cc.hf_reference.greedy(hf_model, exp.token_ids, MAX_TOKENS).tokens
+    )
 
 
 def test_prefix_caching_still_hits_for_ordinary_prompts(tiny_llama_llm):
@@ -146,8 +163,9 @@ def test_aborts_leave_no_pins(tiny_llama_llm, coordinator):
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())
 
 
-def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(tiny_llama_llm, hf_model, raw_tok,
-                                                                  coordinator):
+def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(
+    tiny_llama_llm, hf_model, raw_tok, coordinator
+):
     """`reset_prefix_cache` (e.g. after a weight update) drops the pool: documents are computed
     again. A reset while the chunk prefills of an aborted request still run must not hand their
     pages to new entries: the answers after it still equal the reference."""
@@ -156,16 +174,21 @@ def test_reset_drops_the_pool_even_with_chunk_prefills_in_flight(tiny_llama_llm,
     engine, manager = tiny_llama_llm.llm_engine, coordinator.manager
     warm = cc.chunked(cc.SYS, DOCS[:2], "Before the reset?")
     check(tiny_llama_llm, hf_model, raw_tok, [warm])
-    engine.add_request("orphan", cc.chunked(cc.SYS, [cc.document(400, 900), cc.document(401, 700)],
-                                            "Never answered?"), SamplingParams(max_tokens=4))
+    engine.add_request(
+        "orphan",
+        cc.chunked(cc.SYS, [cc.document(400, 900), cc.document(401, 700)], "Never answered?"),
+        SamplingParams(max_tokens=4),
+    )
     engine.step()  # its chunk prefills are running
     engine.abort_request(["orphan"])
     assert coordinator.prefills
     tiny_llama_llm.reset_prefix_cache()  # False: vLLM's prefix cache keeps the orphans' blocks
     assert manager.entries == {} and manager.used_pages > 0  # the orphans' pages stay taken
     prefills, hits = manager.stats.chunk_prefills, manager.stats.hits
-    after = [cc.chunked(cc.SYS, DOCS[:2], "After the reset?"),
-             cc.chunked(cc.SYS, [cc.document(402, 600), DOCS[3]], "And a new one?")]
+    after = [
+        cc.chunked(cc.SYS, DOCS[:2], "After the reset?"),
+        cc.chunked(cc.SYS, [cc.document(402, 600), DOCS[3]], "And a new one?"),
+    ]
     check(tiny_llama_llm, hf_model, raw_tok, after)
     assert manager.stats.hits == hits, "nothing from before the reset is loaded"
     assert manager.stats.chunk_prefills - prefills == 4  # every chunk again (SYS with the first)
@@ -211,8 +234,11 @@ def test_a_chunk_prefill_step_replayed_from_a_full_graph_fills_its_entry(tiny_ll
     steps, schedule = [], scheduler.schedule
     scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]
     try:
-        engine.add_request("decoding", "An ordinary prompt that keeps decoding",
-                           SamplingParams(max_tokens=12, ignore_eos=True))
+        engine.add_request(
+            "decoding",
+            "An ordinary prompt that keeps decoding",
+            SamplingParams(max_tokens=12, ignore_eos=True),
+        )
         engine.step()  # its prefill; from now on it decodes one token per step
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=1, ignore_eos=True)
         engine.add_request("chunked", prompts[0], params)  # its prefill: budget - 1 tokens, then 1
@@ -241,6 +267,7 @@ def test_a_chunk_prefill_step_replayed_from_a_full_graph_fills_its_entry(tiny_ll
 
 def _text_of_length(raw_tok, num_tokens: int) -> str:
     """A document of exactly `num_tokens` tokens (whole words, then one-token fillers)."""
+
     def length(text: str) -> int:
         return len(raw_tok.encode(text, add_special_tokens=False).ids)
 

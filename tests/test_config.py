@@ -5,36 +5,50 @@ from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError
 
 def test_defaults_match_the_design():
     cfg = ChunkCacheConfig.from_env({})
-    assert cfg == ChunkCacheConfig(enabled=True, size_gb=2.0, lru_threshold=0.9,
-                                   hash_algorithm="sha256", delimiter="# #", layout="overlap",
-                                   recovery="none")
+    assert cfg == ChunkCacheConfig(
+        enabled=True,
+        size_gb=2.0,
+        lru_threshold=0.9,
+        hash_algorithm="sha256",
+        delimiter="# #",
+        layout="overlap",
+        recovery="none",
+    )
 
 
 def test_valid_values_are_parsed():
-    cfg = ChunkCacheConfig.from_env({
-        "VLLM_ENABLE_CHUNK_CACHE": "False", "VLLM_CHUNK_CACHE_SIZE_GB": "0.5",
-        "VLLM_CHUNK_CACHE_LRU_THRESHOLD": "1", "VLLM_CHUNK_CACHE_HASH_ALGORITHM": "XXHASH",
-        "VLLM_CHUNK_DELIMITER": " <doc> ", "VLLM_CHUNK_CACHE_LAYOUT": "sequential",
-        "VLLM_CHUNK_CACHE_RECOVERY": " Last",
-    })
+    cfg = ChunkCacheConfig.from_env(
+        {
+            "VLLM_ENABLE_CHUNK_CACHE": "False",
+            "VLLM_CHUNK_CACHE_SIZE_GB": "0.5",
+            "VLLM_CHUNK_CACHE_LRU_THRESHOLD": "1",
+            "VLLM_CHUNK_CACHE_HASH_ALGORITHM": "XXHASH",
+            "VLLM_CHUNK_DELIMITER": " <doc> ",
+            "VLLM_CHUNK_CACHE_LAYOUT": "sequential",
+            "VLLM_CHUNK_CACHE_RECOVERY": " Last",
+        }
+    )
     assert (cfg.enabled, cfg.size_gb, cfg.lru_threshold) == (False, 0.5, 1.0)
     assert (cfg.hash_algorithm, cfg.delimiter, cfg.layout) == ("xxhash", "<doc>", "sequential")
     assert cfg.recovery == "last"
     assert "disabled" in cfg.describe()
 
 
-@pytest.mark.parametrize("name, value, accepted", [
-    ("VLLM_ENABLE_CHUNK_CACHE", "maybe", "true"),
-    ("VLLM_CHUNK_CACHE_SIZE_GB", "-1", "greater than 0"),
-    ("VLLM_CHUNK_CACHE_SIZE_GB", "lots", "greater than 0"),
-    ("VLLM_CHUNK_CACHE_SIZE_GB", "nan", "greater than 0"),
-    ("VLLM_CHUNK_CACHE_LRU_THRESHOLD", "1.5", "(0, 1]"),
-    ("VLLM_CHUNK_CACHE_LRU_THRESHOLD", "0", "(0, 1]"),
-    ("VLLM_CHUNK_CACHE_HASH_ALGORITHM", "md5", "sha256, xxhash"),
-    ("VLLM_CHUNK_DELIMITER", "   ", "not blank"),
-    ("VLLM_CHUNK_CACHE_LAYOUT", "interleaved", "overlap, sequential"),
-    ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last"),
-])
+@pytest.mark.parametrize(
+    "name, value, accepted",
+    [
+        ("VLLM_ENABLE_CHUNK_CACHE", "maybe", "true"),
+        ("VLLM_CHUNK_CACHE_SIZE_GB", "-1", "greater than 0"),
+        ("VLLM_CHUNK_CACHE_SIZE_GB", "lots", "greater than 0"),
+        ("VLLM_CHUNK_CACHE_SIZE_GB", "nan", "greater than 0"),
+        ("VLLM_CHUNK_CACHE_LRU_THRESHOLD", "1.5", "(0, 1]"),
+        ("VLLM_CHUNK_CACHE_LRU_THRESHOLD", "0", "(0, 1]"),
+        ("VLLM_CHUNK_CACHE_HASH_ALGORITHM", "md5", "sha256, xxhash"),
+        ("VLLM_CHUNK_DELIMITER", "   ", "not blank"),
+        ("VLLM_CHUNK_CACHE_LAYOUT", "interleaved", "overlap, sequential"),
+        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last"),
+    ],
+)
 def test_invalid_values_name_the_variable_and_accepted_values(name, value, accepted):
     with pytest.raises(ChunkCacheConfigError) as err:
         ChunkCacheConfig.from_env({name: value})

@@ -78,19 +78,32 @@ class FakeOutput:
     scheduled_cached_reqs: FakeCachedRequests = field(default_factory=FakeCachedRequests)
 
 
-def user_request(rid: str, docs: list[bytes], sys_len: int = 2, question_len: int = 2,
-                 priority: int = 0, arrival: float = 0.0, salt: bytes = b"") -> FakeRequest:
+def user_request(
+    rid: str,
+    docs: list[bytes],
+    sys_len: int = 2,
+    question_len: int = 2,
+    priority: int = 0,
+    arrival: float = 0.0,
+    salt: bytes = b"",
+) -> FakeRequest:
     lens = [DOCS[d] for d in docs]
     sys_key = b"s%d" % sys_len + salt  # keys as the frontend makes them: chunk keys include SYS
-    info = ChunkCacheInfo(sys_len=sys_len, chunk_lens=lens, question_len=question_len,
-                          sys_hash=sys_key, chunk_hashes=[sys_key + b"/" + d for d in docs])
+    info = ChunkCacheInfo(
+        sys_len=sys_len,
+        chunk_lens=lens,
+        question_len=question_len,
+        sys_hash=sys_key,
+        chunk_hashes=[sys_key + b"/" + d for d in docs],
+    )
     ids = list(range(info.num_tokens))
     return FakeRequest(rid, ids, info, priority=priority, arrival_time=arrival)
 
 
 def coordinator(num_pages: int, priority: bool = False) -> ChunkCacheCoordinator:
-    geometry = PoolGeometry(num_layers=1, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                            num_pages=num_pages, page_size=PAGE)
+    geometry = PoolGeometry(
+        num_layers=1, num_kv_heads=1, head_size=1, dtype=torch.float32, num_pages=num_pages, page_size=PAGE
+    )
     return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority)
 
 
@@ -118,8 +131,14 @@ def run_prefills(coord: ChunkCacheCoordinator, prefills: list[ChunkPrefill]) -> 
     """Schedule the prefills for one step, then finish them with their sampled token."""
     coord.build_connector_meta(prefill_step(prefills))
     for prefill in prefills:
-        coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1,
-                                           num_computed_tokens=len(prefill.token_ids)))
+        coord.request_finished(
+            FakeRequest(
+                prefill.request_id,
+                prefill.token_ids,
+                num_output_tokens=1,
+                num_computed_tokens=len(prefill.token_ids),
+            )
+        )
 
 
 def admit(coord: ChunkCacheCoordinator, request: FakeRequest, local_hit: int = 0):
@@ -195,8 +214,15 @@ def test_chunk_prefill_preempted_after_its_last_forward_still_fills_the_pool():
     coord.on_new_request(req)
     (prefill,) = coord.plan()
     coord.build_connector_meta(prefill_step([prefill]))
-    coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1,
-                                       num_computed_tokens=0, status="FINISHED_LENGTH_CAPPED"))
+    coord.request_finished(
+        FakeRequest(
+            prefill.request_id,
+            prefill.token_ids,
+            num_output_tokens=1,
+            num_computed_tokens=0,
+            status="FINISHED_LENGTH_CAPPED",
+        )
+    )
     assert all(e.resident for e in prefill.entries)
     assert coord.users["r"].ready
 
@@ -315,16 +341,22 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def start(self, num_pages: int, priority: bool) -> None:
         self.coord = coordinator(num_pages, priority)
 
-    @rule(docs=st.lists(st.sampled_from(sorted(DOCS)), min_size=1, max_size=4),
-          sys_len=st.integers(min_value=0, max_value=5), salt=st.sampled_from([b"", b"t"]),
-          priority=st.integers(min_value=0, max_value=2))
+    @rule(
+        docs=st.lists(st.sampled_from(sorted(DOCS)), min_size=1, max_size=4),
+        sys_len=st.integers(min_value=0, max_value=5),
+        salt=st.sampled_from([b"", b"t"]),
+        priority=st.integers(min_value=0, max_value=2),
+    )
     @precondition(lambda self: len(self.waiting) + len(self.running) < 8)
     def new_request(self, docs: list[bytes], sys_len: int, salt: bytes, priority: int) -> None:
         self.n += 1
-        req = user_request(f"u{self.n}", docs, sys_len=sys_len, salt=salt, priority=priority,
-                           arrival=float(self.n))
-        pages = sum(pages_for(n, PAGE) for n in {**dict.fromkeys([b"s"], sys_len),
-                                            **{d: DOCS[d] for d in docs}}.values())
+        req = user_request(
+            f"u{self.n}", docs, sys_len=sys_len, salt=salt, priority=priority, arrival=float(self.n)
+        )
+        pages = sum(
+            pages_for(n, PAGE)
+            for n in {**dict.fromkeys([b"s"], sys_len), **{d: DOCS[d] for d in docs}}.values()
+        )
         if pages > self.coord.manager.num_pages:  # the frontend refuses it (`check_fits`)
             return
         self.waiting[req.request_id] = req
@@ -355,8 +387,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for prefill in ran:
             self.prefills_todo.pop(prefill.request_id)
             if data.draw(st.sampled_from([True, True, True, False])):
-                coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids,
-                                                   num_output_tokens=1))
+                coord.request_finished(
+                    FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1)
+                )
             else:
                 self.prefills_ran[prefill.request_id] = prefill
 
@@ -364,8 +397,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """After the forward: each saved slot's token (the prefill's K/V there) into its pool row."""
         assert not set(meta.save_rows) & set(meta.load_rows), "a chunk prefill writes rows loaded in its step"
         assert sorted(meta.save_rows) == sorted(r for p in ran for r in p.pool_rows if r >= 0)
-        computed = {slot_of(blocks_for(prefill_request(prefill)).ids, BLOCK, t): (prefill, t)
-                    for prefill in ran for t in range(len(prefill.token_ids))}
+        computed = {
+            slot_of(blocks_for(prefill_request(prefill)).ids, BLOCK, t): (prefill, t)
+            for prefill in ran
+            for t in range(len(prefill.token_ids))
+        }
         for row, slot in zip(meta.save_rows, meta.save_slots, strict=True):
             prefill, t = computed[slot]
             key, index = self._prefill_tokens(prefill)[t]
@@ -386,9 +422,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for req, local in admitted:
             info = req.chunk_cache
             keys = ([(info.sys_hash, info.sys_len)] if info.sys_len else []) + list(
-                zip(info.chunk_hashes, info.chunk_lens, strict=True))
+                zip(info.chunk_hashes, info.chunk_lens, strict=True)
+            )
             tokens = [(key, t, self.generation) for key, n in keys for t in range(n)]
-            expected += tokens[local:info.question_start]
+            expected += tokens[local : info.question_start]
         assert [self.rows.get(r) for r in meta.load_rows] == expected
 
     @rule(data=st.data(), sampled=st.booleans())
@@ -398,8 +435,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.prefills_todo.keys() | self.prefills_ran.keys())))
         ran = rid in self.prefills_ran
         prefill = self.prefills_ran.pop(rid, None) or self.prefills_todo.pop(rid)
-        self.coord.request_finished(FakeRequest(rid, prefill.token_ids,
-                                                num_output_tokens=int(ran and sampled)))
+        self.coord.request_finished(
+            FakeRequest(rid, prefill.token_ids, num_output_tokens=int(ran and sampled))
+        )
 
     @rule(data=st.data())
     @precondition(lambda self: self.waiting or self.running)
@@ -452,8 +490,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
 
 CoordinatorMachine.TestCase.settings = settings(
-    max_examples=2000, stateful_step_count=40, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=2000,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_coordinator_random_operations = CoordinatorMachine.TestCase
 
 

@@ -27,8 +27,13 @@ def test_switch_off_gives_unpatched_tokenization(models_dir: Path):
 
     prompts = ["SYS # # doc one # # doc two # # question?", "An ordinary prompt."]
     env = {**os.environ, "VLLM_ENABLE_CHUNK_CACHE": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run([sys.executable, "-c", SCRIPT, str(models_dir / "tiny-llama"), json.dumps(prompts)],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(models_dir / "tiny-llama"), json.dumps(prompts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.split("RESULT ", 1)[1])
     raw = Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
@@ -74,11 +79,18 @@ def test_engine_it_does_not_apply_to_leaves_the_next_engine_chunking(models_dir:
     prompt = "SYS # # doc one # # doc two # # question?"
     raw = Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
     exp = cc.expected_structure(raw, prompt)
-    spans = {"prompt_token_ids": exp.token_ids,
-             "chunk_spans": {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens}}
+    spans = {
+        "prompt_token_ids": exp.token_ids,
+        "chunk_spans": {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens},
+    }
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run([sys.executable, "-c", TWO_ENGINES, str(models_dir / "tiny-llama"), prompt,
-                          json.dumps(spans)], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", TWO_ENGINES, str(models_dir / "tiny-llama"), prompt, json.dumps(spans)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.split("RESULT ", 1)[1])
     assert "Chunk Cache is off for this engine: runner type 'pooling'" in run.stdout + run.stderr

@@ -17,41 +17,115 @@ import pytest
 
 from vllm_ascend_chunk import engine_config
 
-COMMON = {"vocab_size": 2048, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-          "max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-          "torch_dtype": "float32"}
+COMMON = {
+    "vocab_size": 2048,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "max_position_embeddings": 1024,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+    "torch_dtype": "float32",
+}
 MAMBA_STATE = {"mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2}
 NOT_APPLICABLE = {
-    "mamba": ({"architectures": ["MambaForCausalLM"], "model_type": "mamba", "state_size": 8,
-               "expand": 2, "conv_kernel": 4}, "attention-free"),
-    "jamba": ({"architectures": ["JambaForCausalLM"], "model_type": "jamba", "attn_layer_period": 2,
-               "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
-               "num_experts": 1, "num_experts_per_tok": 1, "mamba_dt_rank": 8, **MAMBA_STATE},
-              "hybrid"),
-    "granite-4.0-h": ({"architectures": ["GraniteMoeHybridForCausalLM"],
-                       "model_type": "granitemoehybrid", "layer_types": ["mamba", "attention"],
-                       "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1,
-                       "num_local_experts": 0, "shared_intermediate_size": 128,
-                       "position_embedding_type": "rope", **MAMBA_STATE}, "hybrid"),
-    "qwen3-next": ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
-                    "layer_types": ["linear_attention", "full_attention"],
-                    "linear_num_value_heads": 4, "linear_num_key_heads": 2,
-                    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-                    "linear_conv_kernel_dim": 4, "num_experts": 2, "num_experts_per_tok": 1,
-                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
-                   "hybrid"),
-    "mistral-sliding": ({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                         "sliding_window": 64}, "sliding-window"),
-    "gemma2": ({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "sliding_window": 64,
-                "query_pre_attn_scalar": 16}, "sliding-window"),
-    "gpt-oss": ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "sliding_window": 64,
-                 "layer_types": ["sliding_attention", "full_attention"], "num_local_experts": 2,
-                 "num_experts_per_tok": 1}, "sliding-window"),
-    "llama4-chunked": ({"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
-                        "attention_chunk_size": 64, "intermediate_size_mlp": 128,
-                        "num_local_experts": 1, "interleave_moe_layer_step": 1,
-                        "no_rope_layers": [1, 1]}, "chunked local attention"),
+    "mamba": (
+        {
+            "architectures": ["MambaForCausalLM"],
+            "model_type": "mamba",
+            "state_size": 8,
+            "expand": 2,
+            "conv_kernel": 4,
+        },
+        "attention-free",
+    ),
+    "jamba": (
+        {
+            "architectures": ["JambaForCausalLM"],
+            "model_type": "jamba",
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 1,
+            "num_experts_per_tok": 1,
+            "mamba_dt_rank": 8,
+            **MAMBA_STATE,
+        },
+        "hybrid",
+    ),
+    "granite-4.0-h": (
+        {
+            "architectures": ["GraniteMoeHybridForCausalLM"],
+            "model_type": "granitemoehybrid",
+            "layer_types": ["mamba", "attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_n_groups": 1,
+            "num_local_experts": 0,
+            "shared_intermediate_size": 128,
+            "position_embedding_type": "rope",
+            **MAMBA_STATE,
+        },
+        "hybrid",
+    ),
+    "qwen3-next": (
+        {
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+        "hybrid",
+    ),
+    "mistral-sliding": (
+        {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64},
+        "sliding-window",
+    ),
+    "gemma2": (
+        {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "sliding_window": 64,
+            "query_pre_attn_scalar": 16,
+        },
+        "sliding-window",
+    ),
+    "gpt-oss": (
+        {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+        },
+        "sliding-window",
+    ),
+    "llama4-chunked": (
+        {
+            "architectures": ["Llama4ForCausalLM"],
+            "model_type": "llama4_text",
+            "attention_chunk_size": 64,
+            "intermediate_size_mlp": 128,
+            "num_local_experts": 1,
+            "interleave_moe_layer_step": 1,
+            "no_rope_layers": [1, 1],
+        },
+        "chunked local attention",
+    ),
 }
 
 
@@ -98,7 +172,8 @@ def test_models_it_cannot_serve_start_with_it_off(name, tmp_path, models_dir, ch
     assert vllm_config.kv_transfer_config is None
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
     assert [m for m in chunk_warnings if "Chunk Cache is off" in m] == [
-        f"Chunk Cache is off for this engine: {engine_config._not_applicable(vllm_config)}"]
+        f"Chunk Cache is off for this engine: {engine_config._not_applicable(vllm_config)}"
+    ]
     assert reason in chunk_warnings[0]
 
 
@@ -115,8 +190,7 @@ def test_micro_batching_is_refused(models_dir):
     # The CPU platform turns `--enable-dbo` off before the chunk cache sees it; `ubatch_size`
     # is the other way to micro-batches (`ParallelConfig.use_ubatching`) and stays on.
     with pytest.raises(ValueError, match="does not support dual-batch overlap"):
-        engine_config_of(models_dir / "tiny-llama", ubatch_size=2,
-                         all2all_backend="deepep_low_latency")
+        engine_config_of(models_dir / "tiny-llama", ubatch_size=2, all2all_backend="deepep_low_latency")
 
 
 def test_dual_batch_overlap_is_refused(models_dir):
@@ -144,13 +218,13 @@ def test_a_sliding_window_model_generates_with_it_off(tmp_path, models_dir):
 
     config, _ = NOT_APPLICABLE["mistral-sliding"]
     # The CPU attention kernels need a head size of 32 or more.
-    model_dir = write_model(tmp_path / "mistral", models_dir / "tiny-llama",
-                            {**config, "hidden_size": 128, "head_dim": 32})
+    model_dir = write_model(
+        tmp_path / "mistral", models_dir / "tiny-llama", {**config, "hidden_size": 128, "head_dim": 32}
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
     prompt = "An ordinary prompt about ferries."
-    result = run_engine(model_dir, [{"prompts": [prompt], "max_tokens": 4}],
-                        engine={"max_model_len": 256})
+    result = run_engine(model_dir, [{"prompts": [prompt], "max_tokens": 4}], engine={"max_model_len": 256})
     got = result["rounds"][0][0]
     assert result["states"] == [{"preemptions": 0}], "no chunk cache in this engine"
     want = hf_reference.greedy(hf_reference.load(model_dir), got["prompt_ids"], 4)

@@ -26,12 +26,20 @@ def test_engine_core_request_round_trips_chunk_metadata():
 
     from vllm_ascend_chunk.metadata import ChunkCacheInfo
 
-    info = ChunkCacheInfo(sys_len=3, chunk_lens=[2, 4], question_len=3, sys_hash=b"s",
-                          chunk_hashes=[b"a", b"b"])
+    info = ChunkCacheInfo(
+        sys_len=3, chunk_lens=[2, 4], question_len=3, sys_hash=b"s", chunk_hashes=[b"a", b"b"]
+    )
     req = EngineCoreRequest(
-        request_id="r", prompt_token_ids=list(range(12)), mm_features=None,
-        sampling_params=SamplingParams(max_tokens=1), pooling_params=None, arrival_time=0.0,
-        lora_request=None, cache_salt=None, data_parallel_rank=None, chunk_cache=info,
+        request_id="r",
+        prompt_token_ids=list(range(12)),
+        mm_features=None,
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        arrival_time=0.0,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        chunk_cache=info,
     )
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=EngineCoreRequest)
     assert decoded.chunk_cache == info
@@ -58,11 +66,14 @@ def test_greedy_generation_matches_hf_reference(tiny_llama_llm, models_dir: Path
 
 
 def test_invalid_configuration_fails_start_up(models_dir: Path):
-    code = ("from vllm import LLM\n"
-            f"LLM({str(models_dir / 'tiny-llama')!r}, dtype='float32', max_model_len=512)\n")
+    code = (
+        f"from vllm import LLM\nLLM({str(models_dir / 'tiny-llama')!r}, dtype='float32', max_model_len=512)\n"
+    )
     env = {**os.environ, "VLLM_CHUNK_CACHE_LAYOUT": "diagonal"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode != 0
-    assert "VLLM_CHUNK_CACHE_LAYOUT='diagonal' is invalid; accepted values: overlap, sequential" \
-        in result.stderr
+    assert (
+        "VLLM_CHUNK_CACHE_LAYOUT='diagonal' is invalid; accepted values: overlap, sequential" in result.stderr
+    )

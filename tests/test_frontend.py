@@ -11,8 +11,11 @@ from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.metadata import ChunkCacheInfo, ChunkSpans
 
 SYS = "You are a careful assistant."
-DOCS = ["The tea house opens at seven.", "Ferries leave hourly, except Sundays. 日本語 😀",
-        "A third document about naïve cafés."]
+DOCS = [
+    "The tea house opens at seven.",
+    "Ferries leave hourly, except Sundays. 日本語 😀",
+    "A third document about naïve cafés.",
+]
 QUESTION = "When does the ferry leave?"
 
 
@@ -34,8 +37,9 @@ def greedy(max_tokens: int = 4):
 
 def test_generate_string_and_text_prompt(tiny_llama_llm, raw_tok, scheduled_requests):
     ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
-    outs = tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION),
-                                    {"prompt": chunked(SYS, DOCS, QUESTION)}], greedy())
+    outs = tiny_llama_llm.generate(
+        [chunked(SYS, DOCS, QUESTION), {"prompt": chunked(SYS, DOCS, QUESTION)}], greedy()
+    )
     for out in outs:
         assert out.prompt_token_ids == ids
     for req in scheduled_requests:
@@ -49,9 +53,9 @@ def test_hashes_are_position_free_and_keyed(tiny_llama_llm, scheduled_requests):
     a, b, c = DOCS
     prompts = [
         {"prompt": chunked(SYS, [a, b, c], QUESTION)},
-        {"prompt": chunked(SYS, [c, a], "Another question entirely?")},       # reordered, other request
+        {"prompt": chunked(SYS, [c, a], "Another question entirely?")},  # reordered, other request
         {"prompt": chunked(SYS, [a, b], QUESTION), "cache_salt": "tenant-1"},  # other salt
-        {"prompt": chunked("Another system prompt.", [a], QUESTION)},          # other SYS
+        {"prompt": chunked("Another system prompt.", [a], QUESTION)},  # other SYS
     ]
     tiny_llama_llm.generate(prompts, greedy(1))
     base, reordered, salted, other_sys = (r.chunk_cache for r in scheduled_requests)
@@ -66,10 +70,13 @@ def test_hashes_are_position_free_and_keyed(tiny_llama_llm, scheduled_requests):
 def test_chat_parses_the_rendered_template(tiny_llama_llm, models_dir, raw_tok):
     from transformers import AutoTokenizer
 
-    messages = [{"role": "system", "content": SYS},
-                {"role": "user", "content": chunked("Context:", DOCS, QUESTION)}]
+    messages = [
+        {"role": "system", "content": SYS},
+        {"role": "user", "content": chunked("Context:", DOCS, QUESTION)},
+    ]
     rendered = AutoTokenizer.from_pretrained(models_dir / "tiny-llama").apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
+        messages, tokenize=False, add_generation_prompt=True
+    )
     parts = re.split(r"\s*# #\s*", rendered)
     want = [t for p in parts for t in raw_tok.encode(p, add_special_tokens=False).ids]
     out = tiny_llama_llm.chat(messages, greedy())[0]
@@ -78,8 +85,9 @@ def test_chat_parses_the_rendered_template(tiny_llama_llm, models_dir, raw_tok):
     assert out.prompt_token_ids.count(raw_tok.token_to_id("<s>")) == 1
 
 
-@pytest.mark.parametrize("prompt", ["An ordinary prompt.", "Only one # # delimiter here.",
-                                    "unicode 日本語 😀 and\ttabs\n"])
+@pytest.mark.parametrize(
+    "prompt", ["An ordinary prompt.", "Only one # # delimiter here.", "unicode 日本語 😀 and\ttabs\n"]
+)
 def test_ordinary_prompts_are_untouched(tiny_llama_llm, raw_tok, scheduled_requests, prompt):
     out = tiny_llama_llm.generate([prompt], greedy(1))[0]
     assert out.prompt_token_ids == raw_tok.encode(prompt).ids
@@ -87,8 +95,9 @@ def test_ordinary_prompts_are_untouched(tiny_llama_llm, raw_tok, scheduled_reque
 
 
 def test_without_special_tokens_no_bos(tiny_llama_llm, raw_tok):
-    out = tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION)], greedy(1),
-                                  tokenization_kwargs={"add_special_tokens": False})[0]
+    out = tiny_llama_llm.generate(
+        [chunked(SYS, DOCS, QUESTION)], greedy(1), tokenization_kwargs={"add_special_tokens": False}
+    )[0]
     assert out.prompt_token_ids == expected_ids(raw_tok, SYS, DOCS, QUESTION, bos=False)[0]
 
 
@@ -103,26 +112,29 @@ def test_token_id_prompt_with_explicit_spans(tiny_llama_llm, raw_tok, scheduled_
     assert text_out.outputs[0].token_ids == ids_out.outputs[0].token_ids
 
 
-@pytest.mark.parametrize("spans, match", [
-    ({"sys_len": 2, "chunk_lens": [0, 3]}, "chunk_lens"),
-    ({"sys_len": -1, "chunk_lens": [3]}, "sys_len"),
-    ({"sys_len": 2, "chunk_lens": [100]}, "question of the chunked prompt has no tokens"),
-    ({"sys_len": 2}, "chunk_lens"),
-    ([2, 3], "chunk_lens"),
-    ({"sys_len": 2, "chunk_lens": [3, -1]}, "chunk_lens"),
-    ({"sys_len": 2, "chunk_lens": [18]}, "question of the chunked prompt has no tokens"),
-    ({"sys_len": 10**20, "chunk_lens": [1]}, "question of the chunked prompt has no tokens"),
-    ({"sys_len": "2", "chunk_lens": [3]}, "sys_len"),
-    ({"sys_len": 2.0, "chunk_lens": [3]}, "sys_len"),
-    ({"sys_len": True, "chunk_lens": [3]}, "sys_len"),
-    ({"sys_len": 2, "chunk_lens": "3"}, "chunk_lens"),
-    ({"sys_len": 2, "chunk_lens": [3.0]}, "chunk_lens"),
-    ({"sys_len": 2, "chunk_lens": [3], "question_len": 15}, "chunk_lens"),
-    # `ChunkSpans` objects are checked like dicts: against the ids, then as spans.
-    (ChunkSpans(sys_len=5, chunk_lens=[5], question_len=3), "13 tokens but 20 remain"),
-    (ChunkSpans(sys_len=-5, chunk_lens=[15], question_len=10), "sys_len"),
-    (ChunkSpans(sys_len=5, chunk_lens=[15], question_len=0), "question of the chunked prompt has no"),
-])
+@pytest.mark.parametrize(
+    "spans, match",
+    [
+        ({"sys_len": 2, "chunk_lens": [0, 3]}, "chunk_lens"),
+        ({"sys_len": -1, "chunk_lens": [3]}, "sys_len"),
+        ({"sys_len": 2, "chunk_lens": [100]}, "question of the chunked prompt has no tokens"),
+        ({"sys_len": 2}, "chunk_lens"),
+        ([2, 3], "chunk_lens"),
+        ({"sys_len": 2, "chunk_lens": [3, -1]}, "chunk_lens"),
+        ({"sys_len": 2, "chunk_lens": [18]}, "question of the chunked prompt has no tokens"),
+        ({"sys_len": 10**20, "chunk_lens": [1]}, "question of the chunked prompt has no tokens"),
+        ({"sys_len": "2", "chunk_lens": [3]}, "sys_len"),
+        ({"sys_len": 2.0, "chunk_lens": [3]}, "sys_len"),
+        ({"sys_len": True, "chunk_lens": [3]}, "sys_len"),
+        ({"sys_len": 2, "chunk_lens": "3"}, "chunk_lens"),
+        ({"sys_len": 2, "chunk_lens": [3.0]}, "chunk_lens"),
+        ({"sys_len": 2, "chunk_lens": [3], "question_len": 15}, "chunk_lens"),
+        # `ChunkSpans` objects are checked like dicts: against the ids, then as spans.
+        (ChunkSpans(sys_len=5, chunk_lens=[5], question_len=3), "13 tokens but 20 remain"),
+        (ChunkSpans(sys_len=-5, chunk_lens=[15], question_len=10), "sys_len"),
+        (ChunkSpans(sys_len=5, chunk_lens=[15], question_len=0), "question of the chunked prompt has no"),
+    ],
+)
 def test_token_id_prompt_with_bad_spans_is_refused(tiny_llama_llm, spans, match):
     with pytest.raises(ChunkPromptError, match=match):
         tiny_llama_llm.generate([{"prompt_token_ids": list(range(10, 30)), "chunk_spans": spans}], greedy(1))
@@ -133,8 +145,9 @@ def test_empty_question_and_truncation_are_clear_errors(tiny_llama_llm):
     with pytest.raises(ChunkPromptError, match="empty question"):
         tiny_llama_llm.generate([chunked(SYS, DOCS, "")], greedy(1))
     with pytest.raises(ChunkPromptError, match="truncate_prompt_tokens=10"):
-        tiny_llama_llm.generate([chunked(SYS, DOCS, QUESTION)], greedy(1),
-                                tokenization_kwargs={"truncate_prompt_tokens": 10})
+        tiny_llama_llm.generate(
+            [chunked(SYS, DOCS, QUESTION)], greedy(1), tokenization_kwargs={"truncate_prompt_tokens": 10}
+        )
 
 
 def test_legacy_engine_add_request_path(tiny_llama_llm, raw_tok, scheduled_requests):
@@ -160,8 +173,11 @@ def test_legacy_engine_add_request_token_prompt_keeps_its_spans(tiny_llama_llm, 
     assert scheduled_requests[0].prompt_token_ids == ids
     assert scheduled_requests[0].chunk_cache.chunk_lens == lens[1:-1]
     with pytest.raises(ChunkPromptError, match="question of the chunked prompt has no tokens"):
-        engine.add_request("legacy-bad", {"prompt_token_ids": ids,
-                                          "chunk_spans": {"sys_len": len(ids), "chunk_lens": []}}, greedy(1))
+        engine.add_request(
+            "legacy-bad",
+            {"prompt_token_ids": ids, "chunk_spans": {"sys_len": len(ids), "chunk_lens": []}},
+            greedy(1),
+        )
     assert tiny_llama_llm.generate(["still serving"], greedy(1))[0].outputs[0].token_ids
 
 
@@ -183,8 +199,9 @@ def test_a_document_with_no_tokens_is_dropped():
     spans = out[SPANS_KEY]
     assert (spans.sys_len, spans.chunk_lens, spans.question_len) == (2, [1, 1], 1)
     with pytest.raises(ChunkPromptError, match="question of the chunked prompt has no tokens"):
-        tokenize_chunked(Tokenizer(), {"prompt": "sys # # doc # # ​"},
-                         SimpleNamespace(add_special_tokens=True), engine)
+        tokenize_chunked(
+            Tokenizer(), {"prompt": "sys # # doc # # ​"}, SimpleNamespace(add_special_tokens=True), engine
+        )
 
 
 def test_prompt_logprobs_of_chunked_prompts_are_refused(tiny_llama_llm, raw_tok):
@@ -201,16 +218,18 @@ def test_prompt_logprobs_of_chunked_prompts_are_refused(tiny_llama_llm, raw_tok)
     assert tiny_llama_llm.generate(["still serving"], greedy(1))[0].outputs[0].token_ids
 
 
-def test_engine_core_serves_prompt_logprobs_of_a_chunked_request_in_full(tiny_llama_llm, raw_tok,
-                                                                        scheduled_requests):
+def test_engine_core_serves_prompt_logprobs_of_a_chunked_request_in_full(
+    tiny_llama_llm, raw_tok, scheduled_requests
+):
     """A chunked request with prompt logprobs that reaches the engine core by another way than the
     frontend is served as an ordinary prompt: every row computed, the engine keeps running."""
     from vllm import SamplingParams
 
     engine = tiny_llama_llm.llm_engine
     prompt = tiny_llama_llm._preprocess_cmpl_one(chunked(SYS, DOCS, "Which guard?"))
-    request = engine.input_processor.process_inputs("guard-1", prompt, greedy(1),
-                                                    engine.get_supported_tasks())
+    request = engine.input_processor.process_inputs(
+        "guard-1", prompt, greedy(1), engine.get_supported_tasks()
+    )
     assert request.chunk_cache is not None
     request.sampling_params.prompt_logprobs = 1
     engine.add_request(request.request_id, request, request.sampling_params)
@@ -218,8 +237,10 @@ def test_engine_core_serves_prompt_logprobs_of_a_chunked_request_in_full(tiny_ll
     while engine.has_unfinished_requests():
         outputs += [o for o in engine.step() if o.finished]
     assert scheduled_requests[0].chunk_cache is None
-    plain = tiny_llama_llm.generate({"prompt_token_ids": request.prompt_token_ids},
-                                    SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1))[0]
+    plain = tiny_llama_llm.generate(
+        {"prompt_token_ids": request.prompt_token_ids},
+        SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1),
+    )[0]
     assert rounded(outputs[0].prompt_logprobs) == rounded(plain.prompt_logprobs)
 
 

@@ -16,8 +16,11 @@ import gpu_bundle  # noqa: E402
 
 
 def fake_wheel(path: Path) -> Path:
-    files = {"vllm/__init__.py": b"", "vllm/_C.abi3.so": b"kept",
-             "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3"}
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/_C.abi3.so": b"kept",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3",
+    }
     for removed in gpu_bundle.REMOVED:
         files[removed + "x.py" if removed.endswith("/") else removed] = b"gone"
     with zipfile.ZipFile(path, "w") as z:

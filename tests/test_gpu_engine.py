@@ -30,8 +30,10 @@ import torch
 from test_chunk_engines import run_engine, tools
 
 ON_CPU = os.environ.get("CHUNK_CACHE_GPU_TESTS_ON_CPU") == "1"
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU), reason="needs a CUDA GPU"),
+]
 DTYPE = "float32" if ON_CPU else "bfloat16"
 # Small engines: a 4096-token context, a little of the GPU's memory (the pool is carved out of it).
 ENGINE = {"max_model_len": 4096} if ON_CPU else {"max_model_len": 4096, "gpu_memory_utilization": 0.25}
@@ -59,11 +61,13 @@ def compare(res: dict, ref: hf_reference.Reference, tol: float, what: str) -> di
         if tok != ref.tokens[step]:
             assert ref.gaps[step] < 2 * tol, (
                 f"{what}: token {step} is {tok}, the reference's {ref.tokens[step]} leads by "
-                f"{ref.gaps[step]:.4f} (> 2 x tol {tol:.4f})")
+                f"{ref.gaps[step]:.4f} (> 2 x tol {tol:.4f})"
+            )
             return {"steps": step, "stopped_at_near_tie": step, "worst": worst}
         worst = max(worst, abs(lp - ref.logprobs[step]))
         assert abs(lp - ref.logprobs[step]) <= tol, (
-            f"{what}: logprob of step {step} is {lp:.5f}, reference {ref.logprobs[step]:.5f} (tol {tol:.4f})")
+            f"{what}: logprob of step {step} is {lp:.5f}, reference {ref.logprobs[step]:.5f} (tol {tol:.4f})"
+        )
     return {"steps": len(res["tokens"]), "stopped_at_near_tie": None, "worst": worst}
 
 
@@ -80,8 +84,10 @@ def noise(model, results: list[dict]) -> float:
 
 
 def token_prompt(sys_ids: list[int], chunks: list[list[int]], q_ids: list[int]) -> dict:
-    return {"prompt_token_ids": sys_ids + [t for c in chunks for t in c] + q_ids,
-            "chunk_spans": {"sys_len": len(sys_ids), "chunk_lens": [len(c) for c in chunks]}}
+    return {
+        "prompt_token_ids": sys_ids + [t for c in chunks for t in c] + q_ids,
+        "chunk_spans": {"sys_len": len(sys_ids), "chunk_lens": [len(c) for c in chunks]},
+    }
 
 
 def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_reference.Reference:
@@ -92,8 +98,14 @@ def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_ref
         exp = cc.expected_structure(raw_tok, prompt)
         ids, sys_len, chunk_lens = exp.token_ids, exp.sys_len, exp.chunk_lens
     # An ordinary prompt (no documents) is plain causal decoding in either layout.
-    return hf_reference.greedy(model, ids, max_tokens, sys_len=sys_len, chunk_lens=chunk_lens,
-                               layout=layout if chunk_lens else "overlap")
+    return hf_reference.greedy(
+        model,
+        ids,
+        max_tokens,
+        sys_len=sys_len,
+        chunk_lens=chunk_lens,
+        layout=layout if chunk_lens else "overlap",
+    )
 
 
 def check_engine(name: str, models_dir: Path, layout: str) -> None:
@@ -101,8 +113,10 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
     ordinary = [cc.document(300 + i, 120) for i in range(3)]
     docs = [cc.document(310 + i, 90) for i in range(4)] + [cc.UNICODE_DOC]
     cold = [cc.chunked(cc.SYS, docs[:3], "What is first?"), cc.chunked(cc.SYS, docs[2:], "Which is French?")]
-    reordered = [cc.chunked(cc.SYS, [docs[4], docs[0], docs[2]], "Mixed?"),
-                 cc.chunked(cc.SYS, [docs[1], docs[3]], "Two?")]
+    reordered = [
+        cc.chunked(cc.SYS, [docs[4], docs[0], docs[2]], "Mixed?"),
+        cc.chunked(cc.SYS, [docs[1], docs[3]], "Two?"),
+    ]
     # 1-token capture steps: a SYS of exactly one 16-token page, cached first, then documents of
     # one token each whose chunk prefills (SYS from the prefix cache, one token computed) join a
     # batch of decodes, so the step holding them has one query token per request: vLLM's
@@ -113,12 +127,16 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
     q_ids = raw_tok.encode(" And now?", add_special_tokens=False).ids
     seed_sys = token_prompt(sys16, [raw_tok.encode(" seed doc", add_special_tokens=False).ids], q_ids)
     late = [token_prompt(sys16, [ids], q_ids) for ids in letters[:4]] + [
-        cc.chunked("", [cc.document(330, 40)], "Empty system?")]
-    reuse = [token_prompt(sys16, [letters[2], letters[0], letters[1]], q_ids),
-             cc.chunked("", [cc.document(330, 40)], "Empty system, again?")]
+        cc.chunked("", [cc.document(330, 40)], "Empty system?")
+    ]
+    reuse = [
+        token_prompt(sys16, [letters[2], letters[0], letters[1]], q_ids),
+        cc.chunked("", [cc.document(330, 40)], "Empty system, again?"),
+    ]
     rounds = [
         {"prompts": ordinary, "batch": True, "max_tokens": 24},
-        {"prompts": cold, "max_tokens": 16}, {"prompts": cold, "max_tokens": 16},
+        {"prompts": cold, "max_tokens": 16},
+        {"prompts": cold, "max_tokens": 16},
         {"prompts": reordered, "batch": True, "max_tokens": 16},
         {"prompts": [seed_sys], "max_tokens": 4},
         {"prompts": ordinary[:2], "late": late, "late_after": 6, "max_tokens": 48},
@@ -138,11 +156,19 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
             compared.append(compare(out, ref, tol, f"{name} {layout} round {r}"))
     for state in result["states"]:
         assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0, state
-    record(f"{name}-{layout}", {"engine": result["engine"], "delta": delta, "tol": tol,
-                                "answers": len(compared), "steps": sum(c["steps"] for c in compared),
-                                "near_tie_stops": sum(c["stopped_at_near_tie"] is not None for c in compared),
-                                "worst_logprob_diff": max(c["worst"] for c in compared),
-                                "states": result["states"]})
+    record(
+        f"{name}-{layout}",
+        {
+            "engine": result["engine"],
+            "delta": delta,
+            "tol": tol,
+            "answers": len(compared),
+            "steps": sum(c["steps"] for c in compared),
+            "near_tie_stops": sum(c["stopped_at_near_tie"] is not None for c in compared),
+            "worst_logprob_diff": max(c["worst"] for c in compared),
+            "states": result["states"],
+        },
+    )
     if not ON_CPU:
         assert result["engine"]["dtype"] == "torch.bfloat16"
         assert not result["engine"]["enforce_eager"], result["engine"]

@@ -15,14 +15,16 @@ from vllm_ascend_chunk.ops.kv_write import cpu_writer
 from vllm_ascend_chunk.ops.npu import reshape_and_cache_reference
 
 
-def _random_kv(tokens: int, heads: int, head_size: int,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _random_kv(
+    tokens: int, heads: int, head_size: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(torch.randn(tokens, heads, head_size).to(dtype) for _ in range(2))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("block_size", "heads", "head_size"),
-                         [(16, 2, 64), (32, 3, 32), (128, 1, 128), (16, 4, 80)])
+@pytest.mark.parametrize(
+    ("block_size", "heads", "head_size"), [(16, 2, 64), (32, 3, 32), (128, 1, 128), (16, 4, 80)]
+)
 def test_cpu_reader_returns_what_the_cpu_attn_op_wrote(dtype, block_size, heads, head_size):
     kv_cache = torch.zeros(6, heads, block_size, 2 * head_size, dtype=dtype)
     key, value = _random_kv(40, heads, head_size, dtype)

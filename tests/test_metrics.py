@@ -65,12 +65,19 @@ def test_log_stats_keep_the_latest_totals():
     stats = ChunkCacheConnectorStats(data={})
     assert stats.is_empty()
     stats = ChunkCacheConnectorStats(data=payload(hits=1, misses=1))
-    stats = stats.aggregate(ChunkCacheConnectorStats(data=payload(hits=3, misses=1, usage=0.125,
-                                                                  pinned=2, chunk_prefills=1)))
+    stats = stats.aggregate(
+        ChunkCacheConnectorStats(data=payload(hits=3, misses=1, usage=0.125, pinned=2, chunk_prefills=1))
+    )
     assert not stats.is_empty()
-    assert stats.reduce() == {"chunk_hits": 3, "chunk_misses": 1, "chunk_hit_rate": "75.0%",
-                              "chunk_prefills": 1, "evictions": 0, "pool_usage": "12.5%",
-                              "pinned_entries": 2}
+    assert stats.reduce() == {
+        "chunk_hits": 3,
+        "chunk_misses": 1,
+        "chunk_hit_rate": "75.0%",
+        "chunk_prefills": 1,
+        "evictions": 0,
+        "pool_usage": "12.5%",
+        "pinned_entries": 2,
+    }
 
 
 def test_periodic_log_line_has_hit_rate_and_pool_usage(tiny_llama_llm, monkeypatch):
@@ -89,8 +96,10 @@ def test_periodic_log_line_has_hit_rate_and_pool_usage(tiny_llama_llm, monkeypat
     stat_logger.record(SchedulerStats(kv_connector_stats=payload(hits=9, misses=1, usage=0.5)), None)
     stat_logger.log()
     assert any("Engine 000: Avg prompt throughput" in line for line in lines)
-    assert ("KV Transfer metrics: chunk_hits=9, chunk_misses=1, chunk_hit_rate=90.0%, chunk_prefills=0, "
-            "evictions=0, pool_usage=50.0%, pinned_entries=0") in lines
+    assert (
+        "KV Transfer metrics: chunk_hits=9, chunk_misses=1, chunk_hit_rate=90.0%, chunk_prefills=0, "
+        "evictions=0, pool_usage=50.0%, pinned_entries=0"
+    ) in lines
 
 
 def test_offline_api_counts_hits_and_misses(tiny_llama_llm):
@@ -124,12 +133,17 @@ def test_server_metrics_endpoint(tiny_llama_server):
 
     def ask(order) -> ChunkCacheMetrics:
         before = server_utils.metrics(tiny_llama_server)
-        client.completions.create(model="tiny-llama", prompt=cc.chunked(cc.SYS, order, "Why?"),
-                                  max_tokens=2, temperature=0)
+        client.completions.create(
+            model="tiny-llama", prompt=cc.chunked(cc.SYS, order, "Why?"), max_tokens=2, temperature=0
+        )
         seen = before.hit_count + before.miss_count
         now = server_utils.wait_metrics(tiny_llama_server, lambda m: m.hit_count + m.miss_count >= seen + 2)
-        return ChunkCacheMetrics(**{f.name: getattr(now, f.name) - getattr(before, f.name)
-                                    for f in dataclasses.fields(ChunkCacheMetrics)})
+        return ChunkCacheMetrics(
+            **{
+                f.name: getattr(now, f.name) - getattr(before, f.name)
+                for f in dataclasses.fields(ChunkCacheMetrics)
+            }
+        )
 
     assert ask(docs).miss_count == 2
     delta = ask(docs[::-1])

@@ -18,14 +18,24 @@ OFF = {"vllm_xargs": {"chunk_cache": False}}
 
 
 def complete(client, prompt, **extra_body):
-    resp = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0,
-                                     extra_body={"return_token_ids": True} | extra_body)
+    resp = client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"return_token_ids": True} | extra_body,
+    )
     return resp.choices[0]
 
 
 def chat(client, messages, **extra_body):
-    return client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=2, temperature=0,
-                                          extra_body={"return_token_ids": True} | extra_body)
+    return client.chat.completions.create(
+        model="tiny-llama",
+        messages=messages,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"return_token_ids": True} | extra_body,
+    )
 
 
 def rendered_chat(models_dir, messages) -> str:
@@ -78,8 +88,9 @@ def test_opted_out_prompt_truncates_as_vllm_does(client, raw_tok):
 
 def test_opted_out_prompt_has_prompt_logprobs(client, raw_tok):
     """How to get prompt logprobs of a text that contains delimiters: opt out."""
-    resp = client.completions.create(model="tiny-llama", prompt=TEXT, max_tokens=1, temperature=0, echo=True,
-                                     logprobs=1, extra_body=OFF)
+    resp = client.completions.create(
+        model="tiny-llama", prompt=TEXT, max_tokens=1, temperature=0, echo=True, logprobs=1, extra_body=OFF
+    )
     logprobs = resp.choices[0].logprobs.token_logprobs
     assert len(logprobs) == len(raw_tok.encode(TEXT).ids) + 1
     assert logprobs[0] is None and all(math.isfinite(lp) for lp in logprobs[1:])
@@ -101,16 +112,20 @@ def test_offline_chat_opt_out(tiny_llama_llm, raw_tok, models_dir):
 
     off = SamplingParams(max_tokens=1, temperature=0, extra_args={"chunk_cache": "false"})
     out = tiny_llama_llm.chat(MESSAGES, off, use_tqdm=False)[0]
-    assert out.prompt_token_ids == raw_tok.encode(rendered_chat(models_dir, MESSAGES),
-                                                  add_special_tokens=False).ids
+    assert (
+        out.prompt_token_ids
+        == raw_tok.encode(rendered_chat(models_dir, MESSAGES), add_special_tokens=False).ids
+    )
 
 
 def test_offline_opt_out_drops_explicit_spans(tiny_llama_llm, raw_tok, scheduled_requests):
     from vllm import SamplingParams
 
     exp = cc.expected_structure(raw_tok, TEXT)
-    prompt = {"prompt_token_ids": exp.token_ids,
-              "chunk_spans": {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens}}
+    prompt = {
+        "prompt_token_ids": exp.token_ids,
+        "chunk_spans": {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens},
+    }
     off = SamplingParams(max_tokens=1, temperature=0, extra_args={"chunk_cache": 0})
     tiny_llama_llm.generate([prompt], off, use_tqdm=False)
     assert scheduled_requests[0].chunk_cache is None
@@ -120,8 +135,9 @@ def test_offline_bad_opt_out_value(tiny_llama_llm):
     from vllm import SamplingParams
 
     with pytest.raises(ChunkPromptError, match="chunk_cache"):
-        tiny_llama_llm.generate([TEXT], SamplingParams(max_tokens=1, extra_args={"chunk_cache": "maybe"}),
-                                use_tqdm=False)
+        tiny_llama_llm.generate(
+            [TEXT], SamplingParams(max_tokens=1, extra_args={"chunk_cache": "maybe"}), use_tqdm=False
+        )
 
 
 def test_legacy_engine_add_request_opt_out(tiny_llama_llm, raw_tok, scheduled_requests):

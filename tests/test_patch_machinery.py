@@ -80,10 +80,11 @@ def test_version_mismatch_is_refused_and_changes_nothing(scratch: Path):
 def test_conflict_is_reported_and_changes_nothing(scratch: Path):
     patch_text = PATCHES[-1].read_text()
     victim = scratch / touched_files(PATCHES[-1])[0]
-    hunk = patch_text[patch_text.index("\n@@"):].splitlines()[2:]
+    hunk = patch_text[patch_text.index("\n@@") :].splitlines()[2:]
     source = victim.read_text()
-    context = next(line[1:] for line in hunk
-                   if line[:1] in " -" and line[1:].strip() and source.count(line[1:]) == 1)
+    context = next(
+        line[1:] for line in hunk if line[:1] in " -" and line[1:].strip() and source.count(line[1:]) == 1
+    )
     victim.write_text(source.replace(context, context + "  # a local edit"))
     before = tree_bytes(scratch)
     result = run(target=scratch)
@@ -99,8 +100,9 @@ def test_missing_vllm_is_a_clear_error(tmp_path: Path):
 
 
 def test_installed_vllm_has_the_series_applied():
-    result = subprocess.run([str(APPLY), "--check", "--python", sys.executable],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(APPLY), "--check", "--python", sys.executable], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -111,8 +113,21 @@ def test_regeneration_reproduces_the_committed_series(scratch: Path, tmp_path_fa
     out = tmp_path_factory.mktemp("series")
     for p in PATCHES:  # numbering is kept from the existing series
         shutil.copy2(p, out / p.name)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "regen_patches.py"), "vllm",
-                    "--pristine", str(pristine), "--edited", str(scratch), "--out", str(out)],
-                   check=True, capture_output=True)
-    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))} == \
-           {p.name: p.read_bytes() for p in PATCHES}
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "regen_patches.py"),
+            "vllm",
+            "--pristine",
+            str(pristine),
+            "--edited",
+            str(scratch),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))} == {
+        p.name: p.read_bytes() for p in PATCHES
+    }

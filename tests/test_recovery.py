@@ -68,16 +68,21 @@ def test_last_counts_the_last_document_as_question():
 def greedy(extra_args=None, max_tokens: int = 6):
     from vllm import SamplingParams
 
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1, ignore_eos=True,
-                          extra_args=extra_args)
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, logprobs=1, ignore_eos=True, extra_args=extra_args
+    )
 
 
 def check(out, model, raw_tok, text: str, mode: str) -> None:
     exp, ref = cc.reference(model, raw_tok, text, len(out.outputs[0].token_ids), "overlap", mode)
     assert out.prompt_token_ids == exp.token_ids
     gen = out.outputs[0]
-    cc.assert_matches(gen.token_ids, [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)],
-                      ref, f"{mode}: {text[:40]}")
+    cc.assert_matches(
+        gen.token_ids,
+        [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)],
+        ref,
+        f"{mode}: {text[:40]}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,19 +114,28 @@ def test_a_bad_mode_is_refused_and_the_engine_keeps_serving(tiny_llama_llm):
 def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
     import openai
 
-    resp = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0,
-                                     logprobs=1, extra_body={"ignore_eos": True, "return_token_ids": True,
-                                                             "vllm_xargs": LAST})
+    resp = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "vllm_xargs": LAST},
+    )
     choice = resp.choices[0]
     exp, ref = cc.reference(tiny_model, raw_tok, PROMPT, 6, "overlap", "last")
     assert choice.prompt_token_ids == exp.token_ids
     cc.assert_matches(choice.token_ids, choice.logprobs.token_logprobs, ref, "server, last")
-    bad = {"model": "tiny-llama", "max_tokens": 2,
-           "extra_body": {"vllm_xargs": {"chunk_cache_recovery": "x"}}}
+    bad = {
+        "model": "tiny-llama",
+        "max_tokens": 2,
+        "extra_body": {"vllm_xargs": {"chunk_cache_recovery": "x"}},
+    }
     with pytest.raises(openai.BadRequestError, match="chunk_cache_recovery"):
         client.completions.create(prompt=PROMPT, **bad)
     with pytest.raises(openai.BadRequestError, match="chunk_cache_recovery"):
         client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **bad)
-    again = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2,
-                                      extra_body={"return_token_ids": True})
+    again = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=2, extra_body={"return_token_ids": True}
+    )
     assert again.choices[0].token_ids

@@ -31,17 +31,37 @@ MAX_POSITION = 8192
 VARIANTS = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
-    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-             "original_max_position_embeddings": 4096},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+    },
     "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0, "max_trained_positions": 4096},
     "dynamic_alpha": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 2.0},
     "ntk": {"rope_type": "ntk", "rope_theta": 10000.0, "factor": 2.0},
-    "deepseek_yarn": {"rope_type": "deepseek_yarn", "rope_theta": 10000.0, "factor": 4.0,
-                      "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.0},
-    "telechat3_yarn": {"rope_type": "telechat3-yarn", "rope_theta": 10000.0, "factor": 4.0,
-                       "original_max_position_embeddings": 4096},
+    "deepseek_yarn": {
+        "rope_type": "deepseek_yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.0,
+    },
+    "telechat3_yarn": {
+        "rope_type": "telechat3-yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+    },
     "gemma4_proportional": {"rope_type": "proportional", "rope_theta": 10000.0},
 }
 EXACT_POSITIONS = [0] + [1 << k for k in range(13)]  # vLLM's float32 angles are exact here
@@ -102,10 +122,15 @@ def random_keys(seed: int, tokens: int, heads: int, head_size: int = 64) -> torc
 
 
 seeds = st.integers(0, 2**31 - 1)
-every_rope = pytest.mark.parametrize("variant, neox, partial", [
-    pytest.param(v, n, p, id=f"{v}-{'neox' if n else 'gptj'}-{'full' if p == 1.0 else 'half'}")
-    for v in VARIANTS for n in (True, False) for p in (1.0, 0.5)
-])
+every_rope = pytest.mark.parametrize(
+    "variant, neox, partial",
+    [
+        pytest.param(v, n, p, id=f"{v}-{'neox' if n else 'gptj'}-{'full' if p == 1.0 else 'half'}")
+        for v in VARIANTS
+        for n in (True, False)
+        for p in (1.0, 0.5)
+    ],
+)
 
 
 @every_rope
@@ -227,13 +252,17 @@ def test_zero_delta_pass_through_and_in_place(dtype, neox):
     moved = rerotate_keys(keys, deltas, spec)
     assert moved.dtype == dtype and moved.data_ptr() != keys.data_ptr()
     assert torch.equal(moved[deltas == 0], keys[deltas == 0])
-    assert torch.equal(moved[..., spec.rotary_dim:], keys[..., spec.rotary_dim:])
+    assert torch.equal(moved[..., spec.rotary_dim :], keys[..., spec.rotary_dim :])
     assert not torch.equal(moved[deltas != 0], keys[deltas != 0])
     in_place = keys.clone()
     assert rerotate_keys_(in_place, deltas, spec) is in_place
     assert torch.equal(in_place, moved)
-    torch.testing.assert_close(rerotate_keys(moved.float(), -deltas, spec), keys.float(),
-                               atol=1e-5 if dtype.itemsize >= 4 else 2e-2, rtol=1e-2)
+    torch.testing.assert_close(
+        rerotate_keys(moved.float(), -deltas, spec),
+        keys.float(),
+        atol=1e-5 if dtype.itemsize >= 4 else 2e-2,
+        rtol=1e-2,
+    )
 
 
 def test_spec_values():
@@ -257,9 +286,17 @@ def _refused_classes():
     from vllm.model_executor.layers import rotary_embedding as re
     from vllm.model_executor.layers.rotary_embedding.ernie45_vl_rope import Ernie4_5_VLRotaryEmbedding
 
-    return [re.MRotaryEmbedding, re.MRotaryEmbeddingInterleaved, Ernie4_5_VLRotaryEmbedding,
-            re.XDRotaryEmbedding, re.DualChunkRotaryEmbedding, re.Phi3LongRoPEScaledRotaryEmbedding,
-            re.FourierRotaryEmbedding, re.Llama4VisionRotaryEmbedding, re.DeepseekV4ScalingRotaryEmbedding]
+    return [
+        re.MRotaryEmbedding,
+        re.MRotaryEmbeddingInterleaved,
+        Ernie4_5_VLRotaryEmbedding,
+        re.XDRotaryEmbedding,
+        re.DualChunkRotaryEmbedding,
+        re.Phi3LongRoPEScaledRotaryEmbedding,
+        re.FourierRotaryEmbedding,
+        re.Llama4VisionRotaryEmbedding,
+        re.DeepseekV4ScalingRotaryEmbedding,
+    ]
 
 
 def _assert_refused(rotary_emb, class_name: str) -> None:

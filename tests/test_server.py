@@ -21,27 +21,37 @@ def split_ids(raw_tok, text: str, first_special: bool) -> list[int]:
 
 
 def test_completions(client, raw_tok):
-    resp = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0,
-                                     extra_body={"return_token_ids": True})
+    resp = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"return_token_ids": True}
+    )
     assert resp.choices[0].prompt_token_ids == split_ids(raw_tok, PROMPT, first_special=True)
 
 
 def test_ordinary_completion_is_untouched(client, raw_tok):
     text = "An ordinary prompt with one # # delimiter."
-    resp = client.completions.create(model="tiny-llama", prompt=text, max_tokens=4, temperature=0,
-                                     extra_body={"return_token_ids": True})
+    resp = client.completions.create(
+        model="tiny-llama", prompt=text, max_tokens=4, temperature=0, extra_body={"return_token_ids": True}
+    )
     assert resp.choices[0].prompt_token_ids == raw_tok.encode(text).ids
 
 
 def test_chat_completions(client, raw_tok, models_dir):
     from transformers import AutoTokenizer
 
-    messages = [{"role": "system", "content": SYS},
-                {"role": "user", "content": " # # ".join(["Context:", *DOCS, QUESTION])}]
+    messages = [
+        {"role": "system", "content": SYS},
+        {"role": "user", "content": " # # ".join(["Context:", *DOCS, QUESTION])},
+    ]
     rendered = AutoTokenizer.from_pretrained(models_dir / "tiny-llama").apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
-    resp = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=4,
-                                          temperature=0, extra_body={"return_token_ids": True})
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    resp = client.chat.completions.create(
+        model="tiny-llama",
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
     assert resp.prompt_token_ids == split_ids(raw_tok, rendered, first_special=False)
 
 

@@ -30,13 +30,19 @@ def offline(llm, prompts, **params) -> list[list[list[int]]]:
     return [[list(o.token_ids) for o in sorted(out.outputs, key=lambda o: o.index)] for out in outs]
 
 
-def served(client, prompt, stream: bool = False, extra_body: dict | None = None,
-           **params) -> list[list[int]]:
+def served(client, prompt, stream: bool = False, extra_body: dict | None = None, **params) -> list[list[int]]:
     """Token ids of every choice of a `/v1/completions` request, by choice index."""
-    resp = client.completions.create(**{
-        "model": "tiny-llama", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-        "stream": stream, "extra_body": {"ignore_eos": True, "return_token_ids": True, **(extra_body or {})},
-    } | params)
+    resp = client.completions.create(
+        **{
+            "model": "tiny-llama",
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stream": stream,
+            "extra_body": {"ignore_eos": True, "return_token_ids": True, **(extra_body or {})},
+        }
+        | params
+    )
     ids = defaultdict(list)
     for chunk in resp if stream else [resp]:
         for choice in chunk.choices:
@@ -53,17 +59,25 @@ def test_completions_equal_offline_answers(client, tiny_llama_llm, stream):
 def test_chat_equals_offline_chat(client, tiny_llama_llm, stream):
     from vllm import SamplingParams
 
-    messages = [{"role": "system", "content": cc.SYS},
-                {"role": "user", "content": cc.chunked("Context:", DOCS[1:4], "Which ferry?")}]
+    messages = [
+        {"role": "system", "content": cc.SYS},
+        {"role": "user", "content": cc.chunked("Context:", DOCS[1:4], "Which ferry?")},
+    ]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     want = tiny_llama_llm.chat(messages, params, use_tqdm=False)[0]
-    resp = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=MAX_TOKENS,
-                                          temperature=0, stream=stream,
-                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+    resp = client.chat.completions.create(
+        model="tiny-llama",
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=stream,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     chunks = list(resp) if stream else [resp]
     assert chunks[0].prompt_token_ids == want.prompt_token_ids
-    assert [t for c in chunks for choice in c.choices for t in getattr(choice, "token_ids", None) or []] \
-        == list(want.outputs[0].token_ids)
+    assert [
+        t for c in chunks for choice in c.choices for t in getattr(choice, "token_ids", None) or []
+    ] == list(want.outputs[0].token_ids)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -85,7 +99,8 @@ def test_cache_salt_gives_the_same_answer_under_separate_keys(client, tiny_llama
         before = server_utils.metrics(url)
         ids = served(client, prompt, extra_body={"cache_salt": salt} if salt else None)
         after = server_utils.wait_metrics(
-            url, lambda m: m.hit_count + m.miss_count >= before.hit_count + before.miss_count + 2)
+            url, lambda m: m.hit_count + m.miss_count >= before.hit_count + before.miss_count + 2
+        )
         return ids, after.hit_count - before.hit_count, after.miss_count - before.miss_count
 
     plain, *counts = ask(None)

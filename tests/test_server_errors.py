@@ -26,8 +26,9 @@ def good_answer(client):
 
 def complete(client, prompt, **kwargs):
     extra_body = {"return_token_ids": True, "ignore_eos": True} | kwargs.pop("extra_body", {})
-    resp = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0,
-                                     extra_body=extra_body, **kwargs)
+    resp = client.completions.create(
+        model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0, extra_body=extra_body, **kwargs
+    )
     return resp.choices[0]
 
 
@@ -41,16 +42,27 @@ def offline_ids(llm, prompt, max_tokens: int = 4) -> list[int]:
 def single_token_words(raw_tok) -> list[str]:
     """Every vocabulary entry that is a printable word of one token when tokenized alone."""
     words = {raw_tok.decode([i]) for i in range(raw_tok.get_vocab_size())}
-    return sorted(w for w in words if w and w.strip() == w and w.isprintable() and "#" not in w
-                  and len(raw_tok.encode(w, add_special_tokens=False).ids) == 1)
+    return sorted(
+        w
+        for w in words
+        if w
+        and w.strip() == w
+        and w.isprintable()
+        and "#" not in w
+        and len(raw_tok.encode(w, add_special_tokens=False).ids) == 1
+    )
 
 
-@pytest.mark.parametrize("prompt, match", [
-    ("# # # # # #", "empty question"),
-    ("# # # #", "empty question"),
-    (cc.SYS + " # # doc # # \u2028\t ", "empty question"),
-    (cc.chunked(cc.SYS, ["word " * 2500, "more " * 2500], "Too long?"), "maximum context length is 4096"),
-], ids=["only delimiters", "two delimiters", "whitespace question", "over max_model_len"])
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        ("# # # # # #", "empty question"),
+        ("# # # #", "empty question"),
+        (cc.SYS + " # # doc # # \u2028\t ", "empty question"),
+        (cc.chunked(cc.SYS, ["word " * 2500, "more " * 2500], "Too long?"), "maximum context length is 4096"),
+    ],
+    ids=["only delimiters", "two delimiters", "whitespace question", "over max_model_len"],
+)
 def test_refused_prompts_are_a_400_saying_why(client, good_answer, prompt, match):
     import openai
 
@@ -86,28 +98,44 @@ def test_thousands_of_tiny_documents(client, raw_tok, tiny_llama_llm, good_answe
 
 def test_control_characters_in_documents(client, raw_tok, tiny_llama_llm):
     """NUL, ESC and U+2028 are ordinary text; U+2028 around a delimiter is whitespace and eaten."""
-    prompt = cc.chunked(cc.SYS, ["nul\x00inside", "esc \x1b[31mred\x1b[0m", "line\u2028sep\u2028"],
-                        "\u2028Which?")
+    prompt = cc.chunked(
+        cc.SYS, ["nul\x00inside", "esc \x1b[31mred\x1b[0m", "line\u2028sep\u2028"], "\u2028Which?"
+    )
     choice = complete(client, prompt)
     exp = cc.expected_structure(raw_tok, prompt)
     assert len(exp.chunk_lens) == 3 and choice.prompt_token_ids == exp.token_ids
     assert choice.token_ids == offline_ids(tiny_llama_llm, prompt)
 
 
-@pytest.mark.parametrize("body, status, match", [
-    (b'{"model": "tiny-llama", "prompt": "sys # # \xff\xfe doc # # q?", "max_tokens": 2}', 400,
-     "error parsing the body"),
-    (b'{"model": "tiny-llama", "prompt": "sys # # \\ud800 doc # # q?", "max_tokens": 2}', 400,
-     r"not valid Unicode: '\\\\ud800' at character 8 is a lone surrogate"),
-    (b'{"model": "tiny-llama", "prompt": "sys # # doc # # q?", "max_tokens": 2', 400, "JSON decode error"),
-], ids=["invalid UTF-8", "lone surrogate", "truncated JSON"])
+@pytest.mark.parametrize(
+    "body, status, match",
+    [
+        (
+            b'{"model": "tiny-llama", "prompt": "sys # # \xff\xfe doc # # q?", "max_tokens": 2}',
+            400,
+            "error parsing the body",
+        ),
+        (
+            b'{"model": "tiny-llama", "prompt": "sys # # \\ud800 doc # # q?", "max_tokens": 2}',
+            400,
+            r"not valid Unicode: '\\\\ud800' at character 8 is a lone surrogate",
+        ),
+        (
+            b'{"model": "tiny-llama", "prompt": "sys # # doc # # q?", "max_tokens": 2',
+            400,
+            "JSON decode error",
+        ),
+    ],
+    ids=["invalid UTF-8", "lone surrogate", "truncated JSON"],
+)
 def test_invalid_bytes_and_unicode_in_the_body(tiny_llama_server, client, good_answer, body, status, match):
     """Raw bodies the openai client cannot send: invalid UTF-8, an escaped lone surrogate, bad JSON."""
     import re
 
     with httpx.Client(timeout=server_utils.TIMEOUT) as http:
-        resp = http.post(tiny_llama_server + "/v1/completions", content=body,
-                         headers={"content-type": "application/json"})
+        resp = http.post(
+            tiny_llama_server + "/v1/completions", content=body, headers={"content-type": "application/json"}
+        )
     assert resp.status_code == status and re.search(match, resp.text), resp.text
     assert complete(client, GOOD).token_ids == good_answer
 
@@ -138,14 +166,18 @@ def test_client_disconnects_leave_no_pins(tiny_llama_server, client, good_answer
     docs = [cc.document(950 + i, 300) for i in range(3)]
     body = {"model": "tiny-llama", "max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
     with httpx.Client(timeout=server_utils.TIMEOUT) as http:
-        with http.stream("POST", url + "/v1/completions",
-                         json=body | {"prompt": cc.chunked(cc.SYS, docs[:2], "Read one?")}) as resp:
+        with http.stream(
+            "POST", url + "/v1/completions", json=body | {"prompt": cc.chunked(cc.SYS, docs[:2], "Read one?")}
+        ) as resp:
             assert resp.status_code == 200
             first = next(line for line in resp.iter_lines() if line.startswith("data:"))
             assert json.loads(first.removeprefix("data:"))["choices"]
         assert in_flight_until(url, lambda n: n == 0, timeout=5) == 0
-        with http.stream("POST", url + "/v1/completions",
-                         json=body | {"prompt": cc.chunked(cc.SYS, docs[1:], "Leave early?")}) as resp:
+        with http.stream(
+            "POST",
+            url + "/v1/completions",
+            json=body | {"prompt": cc.chunked(cc.SYS, docs[1:], "Leave early?")},
+        ) as resp:
             assert resp.status_code == 200
             # Reaching the engine can take a while on a loaded 2-core machine: the API server
             # may still be streaming out a backlog of the first request's tokens.
@@ -154,8 +186,12 @@ def test_client_disconnects_leave_no_pins(tiny_llama_server, client, good_answer
     assert complete(client, GOOD).token_ids == good_answer
     before = server_utils.metrics(url)
     complete(client, cc.chunked(cc.SYS, docs, "Cached?"))
-    after = server_utils.wait_metrics(url, lambda m: m.pinned_entries == 0 and m.hit_count
-                                      + m.miss_count >= before.hit_count + before.miss_count + 3)
+    after = server_utils.wait_metrics(
+        url,
+        lambda m: (
+            m.pinned_entries == 0 and m.hit_count + m.miss_count >= before.hit_count + before.miss_count + 3
+        ),
+    )
     assert (after.hit_count - before.hit_count, after.miss_count - before.miss_count) == (3, 0)
     assert after.pinned_entries == 0
 
@@ -176,19 +212,40 @@ CHUNKED_QUESTION = "Sys # # The river rose in spring. # # Beta doc # # What move
 CHAT = [{"role": "user", "content": CHUNKED_QUESTION}]
 
 
-@pytest.mark.parametrize("path, body, option", [
-    ("/v1/completions", {"prompt": CHUNKED_QUESTION, "echo": True, "logprobs": 1}, "`echo` with `logprobs`"),
-    ("/v1/completions", {"prompt": CHUNKED_QUESTION, "prompt_logprobs": 1}, "`prompt_logprobs`"),
-    ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 2}, "`prompt_logprobs`"),
-    ("/v1/chat/completions", {"messages": CHAT, "echo": True, "logprobs": True, "top_logprobs": 1},
-     "`echo` with `logprobs`"),
-], ids=["completions echo+logprobs", "completions prompt_logprobs", "chat prompt_logprobs",
-        "chat echo+logprobs"])
+@pytest.mark.parametrize(
+    "path, body, option",
+    [
+        (
+            "/v1/completions",
+            {"prompt": CHUNKED_QUESTION, "echo": True, "logprobs": 1},
+            "`echo` with `logprobs`",
+        ),
+        ("/v1/completions", {"prompt": CHUNKED_QUESTION, "prompt_logprobs": 1}, "`prompt_logprobs`"),
+        ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 2}, "`prompt_logprobs`"),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "echo": True, "logprobs": True, "top_logprobs": 1},
+            "`echo` with `logprobs`",
+        ),
+    ],
+    ids=[
+        "completions echo+logprobs",
+        "completions prompt_logprobs",
+        "chat prompt_logprobs",
+        "chat echo+logprobs",
+    ],
+)
 def test_prompt_logprobs_of_a_chunked_prompt_are_a_400(tiny_llama_server, good_answer, path, body, option):
     """The documents' rows are loaded, never computed: a 400 naming the option and the opt-out,
     and the server answers a good request next on the same connection."""
-    good = {"model": "tiny-llama", "prompt": GOOD, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}
+    good = {
+        "model": "tiny-llama",
+        "prompt": GOOD,
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     with httpx.Client(timeout=server_utils.TIMEOUT) as http:
         resp = http.post(tiny_llama_server + path, json={"model": "tiny-llama", "max_tokens": 4} | body)
         assert resp.status_code == 400, resp.text
@@ -200,8 +257,11 @@ def test_prompt_logprobs_of_a_chunked_prompt_are_a_400(tiny_llama_server, good_a
     assert after.json()["choices"][0]["token_ids"] == good_answer
 
 
-@pytest.mark.parametrize("options", [{"n": 2, "temperature": 0}, {"min_tokens": 8, "max_tokens": 2},
-                                     {"stop": [""]}], ids=["greedy n=2", "min over max", "empty stop"])
+@pytest.mark.parametrize(
+    "options",
+    [{"n": 2, "temperature": 0}, {"min_tokens": 8, "max_tokens": 2}, {"stop": [""]}],
+    ids=["greedy n=2", "min over max", "empty stop"],
+)
 def test_bad_request_options_keep_the_connection(tiny_llama_server, good_answer, options):
     """vLLM answers these option checks (plain ValueErrors) with a 400; through its catch-all
     handler the error was re-raised afterwards and the keep-alive connection closed under the

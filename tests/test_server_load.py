@@ -23,8 +23,13 @@ FIXED = cc.chunked(cc.SYS, [cc.document(1200 + i, 40) for i in range(3)], "Which
 
 
 def answer(client, prompt: str, max_tokens: int = 4):
-    return client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=max_tokens,
-                                     temperature=0, extra_body={"return_token_ids": True}).choices[0]
+    return client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    ).choices[0]
 
 
 def valid(prompt: str, max_tokens: int, chat: bool) -> bool:
@@ -45,7 +50,8 @@ CHARS = st.one_of(st.sampled_from(list("# \t\n\u2028\u3000\u00a0ab.?")), st.char
 PARTS = st.text(CHARS, max_size=24)
 DELIMITERS = st.sampled_from(["# #", " # # ", "\n# #\t", "\u3000# #\u00a0", "# #\u2028", "##", "#  #"])
 PROMPTS = st.tuples(st.lists(st.tuples(PARTS, DELIMITERS), max_size=8), PARTS).map(
-    lambda p: "".join(part + delim for part, delim in p[0]) + p[1])
+    lambda p: "".join(part + delim for part, delim in p[0]) + p[1]
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +59,23 @@ def fixed_answer(client):
     return answer(client, FIXED).token_ids
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(prompt=PROMPTS, max_tokens=st.integers(0, 6), chat=st.booleans())
 def test_fuzz_every_request_gets_a_200_or_a_400(client, raw_tok, fixed_answer, prompt, max_tokens, chat):
     try:
         if chat:
-            client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=max_tokens, temperature=0)
+            client.chat.completions.create(
+                model="tiny-llama",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens,
+                temperature=0,
+            )
         else:
             choice = answer(client, prompt, max_tokens)
             assert choice.prompt_token_ids == cc.expected_structure(raw_tok, prompt).token_ids
@@ -81,15 +96,17 @@ def workload(seed: int) -> tuple[str, list[str], list[str]]:
     system = f"You are load test {seed}'s assistant."
     docs = [cc.document(seed + i, 40) for i in range(6)]
     rng = random.Random(seed)
-    prompts = [cc.chunked(system, rng.sample(docs, rng.randint(1, 4)), f"Load question {i % 3}?")
-               for i in range(14)]
+    prompts = [
+        cc.chunked(system, rng.sample(docs, rng.randint(1, 4)), f"Load question {i % 3}?") for i in range(14)
+    ]
     return system, docs, prompts + ["An ordinary load test prompt.", "Another ordinary # # one."]
 
 
 def pool_pages(raw_tok, system: str, docs: list[str]) -> float:
     """The fraction of the pool the entries of `system` and `docs` take (pages of `PAGE_SIZE` tokens)."""
-    lens = [len(raw_tok.encode(system).ids)] + [len(raw_tok.encode(d, add_special_tokens=False).ids)
-                                                 for d in docs]
+    lens = [len(raw_tok.encode(system).ids)] + [
+        len(raw_tok.encode(d, add_special_tokens=False).ids) for d in docs
+    ]
     num_pages = int(float(os.environ["VLLM_CHUNK_CACHE_SIZE_GB"]) * 2**30) // (1024 * PAGE_SIZE)
     return sum(pages_for(n, PAGE_SIZE) for n in lens) / num_pages
 
@@ -100,15 +117,21 @@ def concurrent_clients(url: str, prompts: list[str], clients: int = 64) -> tuple
     jobs = [prompts[(7 * c + k) % len(prompts)] for c in range(clients) for k in range(2)]
 
     async def run() -> list[list[int]]:
-        aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=server_utils.TIMEOUT,
-                                     max_retries=0)
+        aclient = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key="none", timeout=server_utils.TIMEOUT, max_retries=0
+        )
 
         async def one_client(c: int) -> list[list[int]]:
             ids = []
-            for p in jobs[2 * c:2 * c + 2]:
-                resp = await aclient.completions.create(model="tiny-llama", prompt=p, max_tokens=4,
-                                                        temperature=0, stream=c % 2 == 1,
-                                                        extra_body={"return_token_ids": True})
+            for p in jobs[2 * c : 2 * c + 2]:
+                resp = await aclient.completions.create(
+                    model="tiny-llama",
+                    prompt=p,
+                    max_tokens=4,
+                    temperature=0,
+                    stream=c % 2 == 1,
+                    extra_body={"return_token_ids": True},
+                )
                 chunks = [chunk async for chunk in resp] if c % 2 else [resp]
                 ids.append([t for chunk in chunks for t in chunk.choices[0].token_ids or []])
             return ids
@@ -134,8 +157,13 @@ def test_64_concurrent_clients_on_cold_documents(tiny_llama_server, raw_tok, tin
     offline = {p: list(o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True)}
     assert got == [offline[p] for p in jobs]
     occurrences = sum(len(cc.expected_structure(raw_tok, p).chunk_lens) for p in jobs)
-    after = server_utils.wait_metrics(url, lambda m: m.pinned_entries == 0 and m.hit_count + m.miss_count
-                                      == before.hit_count + before.miss_count + occurrences)
+    after = server_utils.wait_metrics(
+        url,
+        lambda m: (
+            m.pinned_entries == 0
+            and m.hit_count + m.miss_count == before.hit_count + before.miss_count + occurrences
+        ),
+    )
     assert after.hit_count + after.miss_count - before.hit_count - before.miss_count == occurrences
     assert after.chunk_prefills - before.chunk_prefills == 6  # SYS rides along with the first
     assert (after.entries - before.entries, after.pinned_entries) == (7, 0)

@@ -15,14 +15,34 @@ import make_tiny_models  # noqa: E402
 
 TINY = ["tiny-llama", "tiny-qwen2", "tiny-llama3"]
 TEXTS = make_tiny_models.synthetic_corpus(seed=7, n_lines=200) + [
-    "", " ", "  two  spaces\tand tab\nnewline\r\n", "café naïve Straße", "日本語の文書を検索", "😀🚀 emoji",
-    "e\u0301 combining", "ＡＢＣ full width", "'s 're 've", "x # # y # #z", "\x00\x07 control",
+    "",
+    " ",
+    "  two  spaces\tand tab\nnewline\r\n",
+    "café naïve Straße",
+    "日本語の文書を検索",
+    "😀🚀 emoji",
+    "e\u0301 combining",
+    "ＡＢＣ full width",
+    "'s 're 've",
+    "x # # y # #z",
+    "\x00\x07 control",
 ]
 
 
 def test_generation_is_byte_identical(models_dir: Path, tmp_path: Path):
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_models.py"), "--out", str(tmp_path),
-                    "--force", "--only", *TINY], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_tiny_models.py"),
+            "--out",
+            str(tmp_path),
+            "--force",
+            "--only",
+            *TINY,
+        ],
+        check=True,
+        capture_output=True,
+    )
     for name in TINY:
         assert make_tiny_models.digest(tmp_path / name) == make_tiny_models.digest(models_dir / name)
 

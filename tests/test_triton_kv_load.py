@@ -19,15 +19,21 @@ from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu" if INTERPRETED else None
-on_device = pytest.mark.skipif(DEVICE is None,
-                               reason="no CUDA here: run by test_cases_under_the_triton_interpreter")
+on_device = pytest.mark.skipif(
+    DEVICE is None, reason="no CUDA here: run by test_cases_under_the_triton_interpreter"
+)
 
 
 @pytest.mark.skipif(DEVICE is not None, reason="the cases run directly on this device")
 def test_cases_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" in done.stdout  # the cases ran, this test skipped
 
@@ -41,11 +47,13 @@ def _spec(head_size: int, rotary_dim: int, neox: bool) -> RotarySpec:
 def _caches(num_blocks: int, block_size: int, heads: int, head_size: int, dtype, layout: str):
     """Poisoned (NaN) K and V views in the flash layout: NHD, or HND strides seen through NHD."""
     if layout == "NHD":
-        kv = torch.full((num_blocks, 2, block_size, heads, head_size), float("nan"), dtype=dtype,
-                        device=DEVICE)
+        kv = torch.full(
+            (num_blocks, 2, block_size, heads, head_size), float("nan"), dtype=dtype, device=DEVICE
+        )
     else:
-        kv = torch.full((num_blocks, 2, heads, block_size, head_size), float("nan"), dtype=dtype,
-                        device=DEVICE).transpose(2, 3)
+        kv = torch.full(
+            (num_blocks, 2, heads, block_size, head_size), float("nan"), dtype=dtype, device=DEVICE
+        ).transpose(2, 3)
     return kv.unbind(1)
 
 

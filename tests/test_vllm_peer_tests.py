@@ -23,8 +23,11 @@ def peer():
 
 
 def junit(*cases: str) -> str:
-    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
-            + "".join(cases) + "</testsuite></testsuites>")
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+        + "".join(cases)
+        + "</testsuite></testsuites>"
+    )
 
 
 def case(name: str, body: str = "", classname: str = "tests.v1.core.test_x") -> str:
@@ -32,20 +35,31 @@ def case(name: str, body: str = "", classname: str = "tests.v1.core.test_x") -> 
 
 
 FAIL = '<failure message="ValueError: Chunk Cache does not support the KV connector 42">tb</failure>'
-PRISTINE = junit(case("test_a"), case("test_b"), case("test_c", '<skipped message="no GPU"/>'),
-                 case("test_d", '<error message="fixture missing">tb</error>'))
-ON = junit(case("test_a"), case("test_b", FAIL), case("test_c", '<skipped message="no GPU"/>'),
-           case("test_d", '<error message="fixture missing">tb</error>'),
-           case("test_b", '<error message="teardown">tb</error>'),  # teardown error of test_b
-           case("tests.v1.core.test_y", '<error message="collection failure"/>', classname=""))
+PRISTINE = junit(
+    case("test_a"),
+    case("test_b"),
+    case("test_c", '<skipped message="no GPU"/>'),
+    case("test_d", '<error message="fixture missing">tb</error>'),
+)
+ON = junit(
+    case("test_a"),
+    case("test_b", FAIL),
+    case("test_c", '<skipped message="no GPU"/>'),
+    case("test_d", '<error message="fixture missing">tb</error>'),
+    case("test_b", '<error message="teardown">tb</error>'),  # teardown error of test_b
+    case("tests.v1.core.test_y", '<error message="collection failure"/>', classname=""),
+)
 
 
 def test_parse_junit_outcomes(peer):
     got = peer.parse_junit(ON)
     assert {t: o.outcome for t, o in got.items()} == {
-        "tests.v1.core.test_x::test_a": "passed", "tests.v1.core.test_x::test_b": "failed",
-        "tests.v1.core.test_x::test_c": "skipped", "tests.v1.core.test_x::test_d": "error",
-        "tests.v1.core.test_y": "error"}
+        "tests.v1.core.test_x::test_a": "passed",
+        "tests.v1.core.test_x::test_b": "failed",
+        "tests.v1.core.test_x::test_c": "skipped",
+        "tests.v1.core.test_x::test_d": "error",
+        "tests.v1.core.test_y": "error",
+    }
     assert got["tests.v1.core.test_x::test_b"].message.startswith("ValueError: Chunk Cache")
 
 
@@ -54,7 +68,8 @@ def test_differences_and_summary(peer):
     diffs = peer.differences(results, "pristine", "on")
     assert [(d["test"], d["pristine"], d["on"]) for d in diffs] == [
         ("tests.v1.core.test_x::test_b", "passed", "failed"),
-        ("tests.v1.core.test_y", "absent", "error")]
+        ("tests.v1.core.test_y", "absent", "error"),
+    ]
     text = peer.summary(results, [("pristine", "on")])
     assert "pristine  2 passed, 1 error, 1 skipped" in text
     assert "pristine -> on: 2 tests differ" in text

@@ -54,28 +54,42 @@ class ChunkCacheConfig:
 
         return cls(
             enabled=_parse_bool("VLLM_ENABLE_CHUNK_CACHE", get("VLLM_ENABLE_CHUNK_CACHE", "true")),
-            size_gb=_parse_float("VLLM_CHUNK_CACHE_SIZE_GB",
-                                 get("VLLM_CHUNK_CACHE_SIZE_GB", defaults.size_gb),
-                                 lambda v: v > 0, "a number greater than 0"),
-            lru_threshold=_parse_float("VLLM_CHUNK_CACHE_LRU_THRESHOLD",
-                                       get("VLLM_CHUNK_CACHE_LRU_THRESHOLD", defaults.lru_threshold),
-                                       lambda v: 0 < v <= 1, "a number in (0, 1]"),
-            hash_algorithm=_parse_choice("VLLM_CHUNK_CACHE_HASH_ALGORITHM",
-                                         get("VLLM_CHUNK_CACHE_HASH_ALGORITHM", defaults.hash_algorithm),
-                                         tuple(HASH_ALGORITHMS)),
+            size_gb=_parse_float(
+                "VLLM_CHUNK_CACHE_SIZE_GB",
+                get("VLLM_CHUNK_CACHE_SIZE_GB", defaults.size_gb),
+                lambda v: v > 0,
+                "a number greater than 0",
+            ),
+            lru_threshold=_parse_float(
+                "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
+                get("VLLM_CHUNK_CACHE_LRU_THRESHOLD", defaults.lru_threshold),
+                lambda v: 0 < v <= 1,
+                "a number in (0, 1]",
+            ),
+            hash_algorithm=_parse_choice(
+                "VLLM_CHUNK_CACHE_HASH_ALGORITHM",
+                get("VLLM_CHUNK_CACHE_HASH_ALGORITHM", defaults.hash_algorithm),
+                tuple(HASH_ALGORITHMS),
+            ),
             delimiter=_parse_delimiter(env.get("VLLM_CHUNK_DELIMITER", defaults.delimiter)),
-            layout=_parse_choice("VLLM_CHUNK_CACHE_LAYOUT",
-                                 get("VLLM_CHUNK_CACHE_LAYOUT", defaults.layout), LAYOUTS),
-            recovery=_parse_choice("VLLM_CHUNK_CACHE_RECOVERY",
-                                   get("VLLM_CHUNK_CACHE_RECOVERY", defaults.recovery), RECOVERY_MODES),
+            layout=_parse_choice(
+                "VLLM_CHUNK_CACHE_LAYOUT", get("VLLM_CHUNK_CACHE_LAYOUT", defaults.layout), LAYOUTS
+            ),
+            recovery=_parse_choice(
+                "VLLM_CHUNK_CACHE_RECOVERY",
+                get("VLLM_CHUNK_CACHE_RECOVERY", defaults.recovery),
+                RECOVERY_MODES,
+            ),
         )
 
     def describe(self) -> str:
         if not self.enabled:
             return "Chunk Cache disabled (VLLM_ENABLE_CHUNK_CACHE=false): vLLM behaves as unpatched"
-        return (f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
-                f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
-                f"hash={self.hash_algorithm} recovery={self.recovery}")
+        return (
+            f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
+            f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
+            f"hash={self.hash_algorithm} recovery={self.recovery}"
+        )
 
 
 @functools.cache

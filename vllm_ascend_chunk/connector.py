@@ -52,8 +52,9 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def on_new_request(self, request: Request) -> None:
         self.coordinator.on_new_request(request)
 
-    def get_num_new_matched_tokens(self, request: Request,
-                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         return self.coordinator.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
@@ -62,13 +63,13 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return self.coordinator.build_connector_meta(scheduler_output)
 
-    def request_finished(self, request: Request, block_ids: list[int]
-                         ) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self.coordinator.request_finished(request)
         return False, None
 
-    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]
-                                    ) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """`request_finished` for the hybrid manager: one group, blocks freed by vLLM at once."""
         return self.request_finished(request, block_ids[0])
 
@@ -98,8 +99,9 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return ChunkCacheConnectorStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
-                           per_engine_labelvalues) -> ChunkCachePromMetrics:
+    def build_prom_metrics(
+        cls, vllm_config, metric_types, labelnames, per_engine_labelvalues
+    ) -> ChunkCachePromMetrics:
         return ChunkCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- worker role ---------------------------------------------------------------------------
@@ -128,6 +130,8 @@ def _single_group(kv_cache_config):
     """The one KV cache group the chunk cache works on (a model giving several is not served)."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
-        raise ValueError(f"Chunk Cache needs the model's KV cache in one group, got {len(groups)}. "
-                         "Set VLLM_ENABLE_CHUNK_CACHE=false to serve this model.")
+        raise ValueError(
+            f"Chunk Cache needs the model's KV cache in one group, got {len(groups)}. "
+            "Set VLLM_ENABLE_CHUNK_CACHE=false to serve this model."
+        )
     return groups[0]

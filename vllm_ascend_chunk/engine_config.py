@@ -20,8 +20,10 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 CONNECTOR = "ChunkCacheConnector"
 CONNECTOR_MODULE = "vllm_ascend_chunk.connector"
-SCHEDULERS = {False: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheScheduler",
-              True: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheAsyncScheduler"}
+SCHEDULERS = {
+    False: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheScheduler",
+    True: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheAsyncScheduler",
+}
 _OFF_HINT = "Set VLLM_ENABLE_CHUNK_CACHE=false to run without the chunk cache."
 
 
@@ -43,15 +45,21 @@ def configure(vllm_config) -> None:
     kv = vllm_config.kv_transfer_config
     if kv is None or kv.kv_connector is None:
         vllm_config.kv_transfer_config = KVTransferConfig(
-            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both")
+            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
+        )
     sched = vllm_config.scheduler_config
     sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         logger.info("Chunk Cache selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
     geometry = pool_geometry(vllm_config)
-    logger.info("%s; pool holds %d tokens (%d pages of %d)", get_config().describe(),
-                geometry.num_rows, geometry.num_pages, geometry.page_size)
+    logger.info(
+        "%s; pool holds %d tokens (%d pages of %d)",
+        get_config().describe(),
+        geometry.num_rows,
+        geometry.num_pages,
+        geometry.page_size,
+    )
 
 
 def is_active(vllm_config) -> bool:
@@ -94,8 +102,7 @@ def _not_single_kv_group(model) -> str | None:
         return "sliding-window attention"
     if model.attention_chunk_size is not None:
         return "chunked local attention"
-    other = sorted(set(getattr(model.hf_text_config, "layer_types", None) or ())
-                   - _FULL_ATTENTION_LAYERS)
+    other = sorted(set(getattr(model.hf_text_config, "layer_types", None) or ()) - _FULL_ATTENTION_LAYERS)
     if other:
         return f"layer types {other} (only full-attention layers)"
     return None
@@ -121,8 +128,7 @@ def _refuse_conflicts(vllm_config) -> None:
     if sched_cls is not None and sched_cls not in SCHEDULERS.values():
         problems.append(f"the custom scheduler {sched_cls!r}")
     if problems:
-        raise ChunkCacheSetupError(
-            f"Chunk Cache does not support {', '.join(problems)}. {_OFF_HINT}")
+        raise ChunkCacheSetupError(f"Chunk Cache does not support {', '.join(problems)}. {_OFF_HINT}")
     pool_geometry(vllm_config)  # validates the KV dtype
 
 
@@ -136,7 +142,11 @@ def carve_out_pool(vllm_config, available: list[int]) -> list[int]:
         raise ChunkCacheSetupError(
             f"VLLM_CHUNK_CACHE_SIZE_GB={get_config().size_gb:g} leaves no memory for the paged KV "
             f"cache ({min(available) / 2**30:.2f} GiB available in all). Lower "
-            "VLLM_CHUNK_CACHE_SIZE_GB or give the KV cache more memory.")
-    logger.info("Chunk Cache pool: %.2f GiB set aside; %.2f GiB left for the paged KV cache",
-                pool / 2**30, min(left) / 2**30)
+            "VLLM_CHUNK_CACHE_SIZE_GB or give the KV cache more memory."
+        )
+    logger.info(
+        "Chunk Cache pool: %.2f GiB set aside; %.2f GiB left for the paged KV cache",
+        pool / 2**30,
+        min(left) / 2**30,
+    )
     return left

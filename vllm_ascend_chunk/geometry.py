@@ -47,9 +47,11 @@ class PoolGeometry:
 def kv_dtype(vllm_config) -> torch.dtype:
     cache_dtype = vllm_config.cache_config.cache_dtype
     if cache_dtype not in ("auto", None):
-        raise ValueError(f"Chunk Cache supports only the model dtype for the KV cache "
-                         f"(kv_cache_dtype=auto), got {cache_dtype!r}. Set "
-                         "VLLM_ENABLE_CHUNK_CACHE=false to use a quantized KV cache.")
+        raise ValueError(
+            f"Chunk Cache supports only the model dtype for the KV cache "
+            f"(kv_cache_dtype=auto), got {cache_dtype!r}. Set "
+            "VLLM_ENABLE_CHUNK_CACHE=false to use a quantized KV cache."
+        )
     return vllm_config.model_config.dtype
 
 
@@ -61,7 +63,6 @@ def pool_geometry(vllm_config) -> PoolGeometry:
     dtype = kv_dtype(vllm_config)
     if layers == 0:  # `engine_config` turns the chunk cache off for such models first
         raise ValueError("Chunk Cache needs attention layers; this model has none.")
-    shape = PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype,
-                         num_pages=0)
+    shape = PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype, num_pages=0)
     page_bytes = shape.bytes_per_token * shape.page_size
     return replace(shape, num_pages=int(get_config().size_gb * 2**30) // page_bytes)

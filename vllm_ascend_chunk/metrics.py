@@ -38,8 +38,9 @@ GAUGES = {
 def stats_payload(manager: ChunkCacheManager) -> dict[str, int | float]:
     """The manager's counter totals and pool gauges, as sent with every `SchedulerStats`."""
     data: dict[str, int | float] = dataclasses.asdict(manager.stats)
-    data.update(usage_ratio=manager.usage_ratio, entries=len(manager.entries),
-                pinned_entries=manager.pinned_entries)
+    data.update(
+        usage_ratio=manager.usage_ratio, entries=len(manager.entries), pinned_entries=manager.pinned_entries
+    )
     return data
 
 
@@ -61,10 +62,15 @@ class ChunkCacheConnectorStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float | str]:
         d = self.data
         rate = _hit_rate(d["hits"], d["misses"])
-        return {"chunk_hits": d["hits"], "chunk_misses": d["misses"],
-                "chunk_hit_rate": "-" if rate is None else f"{100 * rate:.1f}%",
-                "chunk_prefills": d["chunk_prefills"], "evictions": d["evictions"],
-                "pool_usage": f"{100 * d['usage_ratio']:.1f}%", "pinned_entries": d["pinned_entries"]}
+        return {
+            "chunk_hits": d["hits"],
+            "chunk_misses": d["misses"],
+            "chunk_hit_rate": "-" if rate is None else f"{100 * rate:.1f}%",
+            "chunk_prefills": d["chunk_prefills"],
+            "evictions": d["evictions"],
+            "pool_usage": f"{100 * d['usage_ratio']:.1f}%",
+            "pinned_entries": d["pinned_entries"],
+        }
 
     def is_empty(self) -> bool:
         return not (self.data.get("hits") or self.data.get("misses"))
@@ -78,14 +84,22 @@ class ChunkCachePromMetrics(KVConnectorPromMetrics):
         self.counters = {
             name: create_metric_per_engine(
                 self._counter_cls(name=PREFIX + name, documentation=doc, labelnames=labelnames),
-                per_engine_labelvalues)
-            for name, doc in COUNTERS.items()}
+                per_engine_labelvalues,
+            )
+            for name, doc in COUNTERS.items()
+        }
         self.gauges = {
             name: create_metric_per_engine(
-                self._gauge_cls(name=PREFIX + name, documentation=doc, labelnames=labelnames,
-                                multiprocess_mode="mostrecent"),
-                per_engine_labelvalues)
-            for name, doc in GAUGES.items()}
+                self._gauge_cls(
+                    name=PREFIX + name,
+                    documentation=doc,
+                    labelnames=labelnames,
+                    multiprocess_mode="mostrecent",
+                ),
+                per_engine_labelvalues,
+            )
+            for name, doc in GAUGES.items()
+        }
         self._totals = {idx: dict.fromkeys(COUNTERS, 0) for idx in per_engine_labelvalues}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
@@ -132,27 +146,36 @@ class ChunkCacheMetrics:
             if name.startswith(PREFIX):
                 values[name.removeprefix(PREFIX).removesuffix("_total")].append(value)
         if not values:
-            raise LookupError("no vllm:chunk_cache_* metrics: is the chunk cache enabled in this "
-                              "engine, and has it run a step since it started?")
+            raise LookupError(
+                "no vllm:chunk_cache_* metrics: is the chunk cache enabled in this "
+                "engine, and has it run a step since it started?"
+            )
         counters = {_API_NAMES.get(name, name): int(sum(values[name])) for name in COUNTERS}
         usage = values["usage_ratio"]
-        return cls(**counters, usage_ratio=sum(usage) / len(usage) if usage else 0.0,
-                   entries=int(sum(values["entries"])),
-                   pinned_entries=int(sum(values["pinned_entries"])))
+        return cls(
+            **counters,
+            usage_ratio=sum(usage) / len(usage) if usage else 0.0,
+            entries=int(sum(values["entries"])),
+            pinned_entries=int(sum(values["pinned_entries"])),
+        )
 
     @classmethod
     def from_prometheus_text(cls, text: str) -> ChunkCacheMetrics:
         """From a `/metrics` scrape of a `vllm serve` process."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        return cls.from_samples((s.name, s.value) for family in text_string_to_metric_families(text)
-                                for s in family.samples if not s.name.endswith("_created"))
+        return cls.from_samples(
+            (s.name, s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if not s.name.endswith("_created")
+        )
 
 
 def chunk_cache_metrics(llm) -> ChunkCacheMetrics:
     """The chunk cache metrics of an offline `vllm.LLM` (created with `disable_log_stats=False`)."""
     if not llm.llm_engine.log_stats:
-        raise ValueError("chunk cache metrics need stats logging: create the LLM with "
-                         "disable_log_stats=False")
-    return ChunkCacheMetrics.from_samples((m.name, m.value) for m in llm.get_metrics()
-                                          if hasattr(m, "value"))
+        raise ValueError(
+            "chunk cache metrics need stats logging: create the LLM with disable_log_stats=False"
+        )
+    return ChunkCacheMetrics.from_samples((m.name, m.value) for m in llm.get_metrics() if hasattr(m, "value"))

@@ -30,11 +30,12 @@ def hash_fn() -> Callable[[Any], bytes]:
     return get_hash_fn_by_name(HASH_ALGORITHMS[get_config().hash_algorithm])
 
 
-def with_keys(spans: ChunkSpans, token_ids: Sequence[int], identity: tuple,
-              hasher: Callable[[Any], bytes]) -> ChunkCacheInfo:
+def with_keys(
+    spans: ChunkSpans, token_ids: Sequence[int], identity: tuple, hasher: Callable[[Any], bytes]
+) -> ChunkCacheInfo:
     """`spans` with the keys of SYS and of every chunk."""
     ids = list(token_ids)
-    sys_hash = hasher((NAMESPACE, *identity, ids[:spans.sys_len]))
+    sys_hash = hasher((NAMESPACE, *identity, ids[: spans.sys_len]))
     chunk_hashes = [hasher((sys_hash, ids[slice(*spans.chunk_span(i))])) for i in range(spans.num_chunks)]
     return ChunkCacheInfo(**msgspec.structs.asdict(spans), sys_hash=sys_hash, chunk_hashes=chunk_hashes)
 
@@ -43,19 +44,20 @@ def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
     """Everything besides the tokens that changes the KV of a chunk."""
     model = vllm_config.model_config
     lora = None if lora_request is None else (lora_request.lora_name, lora_request.lora_int_id)
-    return (model.model, str(model.dtype), str(vllm_config.cache_config.cache_dtype), lora,
-            cache_salt)
+    return (model.model, str(model.dtype), str(vllm_config.cache_config.cache_dtype), lora, cache_salt)
 
 
 PROMPT_LOGPROBS_REFUSED = (
     "Prompt logprobs (`prompt_logprobs`, or `echo` with `logprobs`) are not available for a chunked "
     "prompt: the KV of its documents is loaded from the chunk cache, not computed by this request. "
     'To get them, send the request with the chunk cache off for it: "vllm_xargs": {"chunk_cache": '
-    'false} (offline: SamplingParams(extra_args={"chunk_cache": False})).')
+    'false} (offline: SamplingParams(extra_args={"chunk_cache": False})).'
+)
 
 
-def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
-                     params) -> ChunkCacheInfo | None:
+def chunk_cache_info(
+    engine_input: dict[str, Any], vllm_config, lora_request, params
+) -> ChunkCacheInfo | None:
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
     if not is_active(vllm_config):
         return None
@@ -68,8 +70,12 @@ def chunk_cache_info(engine_input: dict[str, Any], vllm_config, lora_request,
     token_ids = engine_input.get("prompt_token_ids")
     # `frontend.tokenize.check_spans` validated the spans against these ids; an engine input
     # that did not come through it (spans of another type, other ids) is refused here.
-    if (engine_input.get("type") != "token" or token_ids is None or not isinstance(spans, ChunkSpans)
-            or len(token_ids) != spans.num_tokens):
+    if (
+        engine_input.get("type") != "token"
+        or token_ids is None
+        or not isinstance(spans, ChunkSpans)
+        or len(token_ids) != spans.num_tokens
+    ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
     spans = recovery.apply(spans, mode)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
@@ -86,4 +92,5 @@ def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry) -> None:
         raise ChunkPromptError(
             f"The system prompt and documents of this request need {pages * geometry.page_size} "
             f"tokens of chunk pool, but VLLM_CHUNK_CACHE_SIZE_GB={get_config().size_gb:g} holds "
-            f"{geometry.num_rows}. Send fewer or shorter documents, or raise VLLM_CHUNK_CACHE_SIZE_GB.")
+            f"{geometry.num_rows}. Send fewer or shorter documents, or raise VLLM_CHUNK_CACHE_SIZE_GB."
+        )

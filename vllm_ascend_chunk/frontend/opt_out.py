@@ -23,8 +23,10 @@ KEY = "chunk_cache"
 def parse(value: object) -> bool:
     """A request's `chunk_cache` value: false/"false"/"0" opt out, true/"true"/"1" keep it on."""
     if (parsed := bool_word(str(value))) is None:
-        raise ChunkPromptError(f"'{KEY}' must be false (serve the prompt as ordinary text, its '# #' "
-                               f"not a delimiter) or true; got {value!r}")
+        raise ChunkPromptError(
+            f"'{KEY}' must be false (serve the prompt as ordinary text, its '# #' "
+            f"not a delimiter) or true; got {value!r}"
+        )
     return parsed
 
 

@@ -65,13 +65,15 @@ class ChunkParser:
         if question[0] == question[1]:
             raise ChunkPromptError(
                 f"The chunked prompt has an empty question: nothing follows the last "
-                f"{self.delimiter!r} delimiter. Put the question after the last document.")
+                f"{self.delimiter!r} delimiter. Put the question after the last document."
+            )
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
             raise ChunkPromptError(
                 f"The chunked prompt is not valid Unicode: {text[err.start]!r} at character "
-                f"{err.start} is a lone surrogate. Send UTF-8 text.") from None
+                f"{err.start} is a lone surrogate. Send UTF-8 text."
+            ) from None
         return ParsedPrompt(
             text=text,
             system_range=parts[0],

@@ -51,8 +51,7 @@ def _assemble(prompt: Mapping[str, Any], ids: list[list[int]]) -> dict[str, Any]
     return {**prompt, "prompt_token_ids": token_ids, SPANS_KEY: spans}
 
 
-def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params,
-                     vllm_config) -> dict[str, Any] | None:
+def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params, vllm_config) -> dict[str, Any] | None:
     """The `TokensPrompt` of a chunked text prompt, or None for an ordinary prompt."""
     parsed = _parse(prompt, params, vllm_config)
     if parsed is None:
@@ -61,8 +60,9 @@ def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params,
     return _assemble(prompt, [tokenizer.encode(t, add_special_tokens=s) for t, s in pieces])
 
 
-async def tokenize_chunked_async(async_tokenizer, prompt: Mapping[str, Any], params,
-                                 vllm_config) -> dict[str, Any] | None:
+async def tokenize_chunked_async(
+    async_tokenizer, prompt: Mapping[str, Any], params, vllm_config
+) -> dict[str, Any] | None:
     """`tokenize_chunked` through vLLM's micro-batching async tokenizer."""
     parsed = _parse(prompt, params, vllm_config)
     if parsed is None:
@@ -87,8 +87,9 @@ def check_spans(prompt: dict[str, Any], params, vllm_config) -> dict[str, Any]:
         prompt.pop(SPANS_KEY)
         return prompt
     if "prompt_token_ids" not in prompt or "prompt_embeds" in prompt or prompt.get("multi_modal_data"):
-        raise ChunkPromptError(f"'{SPANS_KEY}' needs a plain token-id prompt "
-                               "(no prompt_embeds, no multi-modal data)")
+        raise ChunkPromptError(
+            f"'{SPANS_KEY}' needs a plain token-id prompt (no prompt_embeds, no multi-modal data)"
+        )
     n = len(prompt["prompt_token_ids"])
     if isinstance(given, ChunkSpans) and given.num_tokens != n:
         what = []
@@ -99,13 +100,16 @@ def check_spans(prompt: dict[str, Any], params, vllm_config) -> dict[str, Any]:
         raise ChunkPromptError(
             f"The chunked prompt has {given.num_tokens} tokens but {n} remain after "
             f"{' and '.join(what) or 'post-processing'}; truncation and padding would cut into "
-            "its documents. Shorten the documents or raise the limit.")
+            "its documents. Shorten the documents or raise the limit."
+        )
     prompt[SPANS_KEY] = spans_from(given, n)
     return prompt
 
 
-SPANS_USAGE = ("'chunk_spans' must be {'sys_len': int >= 0, 'chunk_lens': [int >= 1, ...]} with "
-               "sys_len + sum(chunk_lens) < len(prompt_token_ids)")
+SPANS_USAGE = (
+    "'chunk_spans' must be {'sys_len': int >= 0, 'chunk_lens': [int >= 1, ...]} with "
+    "sys_len + sum(chunk_lens) < len(prompt_token_ids)"
+)
 
 
 def spans_from(given: object, num_tokens: int) -> ChunkSpans:
@@ -120,17 +124,20 @@ def spans_from(given: object, num_tokens: int) -> ChunkSpans:
 def make_spans(sys_len: object, chunk_lens: object, num_tokens: int) -> ChunkSpans:
     """The one constructor of `ChunkSpans`: SYS of `sys_len` tokens, the chunks, and a question
     of at least one token (the rest of `num_tokens`); anything else is a `ChunkPromptError`."""
-    ints = (isinstance(chunk_lens, list)
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in [sys_len, *chunk_lens]))
+    ints = isinstance(chunk_lens, list) and all(
+        isinstance(n, int) and not isinstance(n, bool) for n in [sys_len, *chunk_lens]
+    )
     if not ints or sys_len < 0 or any(n < 1 for n in chunk_lens):
-        raise ChunkPromptError(f"{SPANS_USAGE} = {num_tokens}; got sys_len={sys_len!r}, "
-                               f"chunk_lens={chunk_lens!r}")
+        raise ChunkPromptError(
+            f"{SPANS_USAGE} = {num_tokens}; got sys_len={sys_len!r}, chunk_lens={chunk_lens!r}"
+        )
     question_len = num_tokens - sys_len - sum(chunk_lens)
     if question_len < 1:  # the scheduler needs a token to compute after the loaded chunks
         raise ChunkPromptError(
             f"The question of the chunked prompt has no tokens: SYSTEM and documents take "
             f"{num_tokens - question_len} of its {num_tokens} tokens. Put at least one token "
-            "after the last document.")
+            "after the last document."
+        )
     return ChunkSpans(sys_len=sys_len, chunk_lens=list(chunk_lens), question_len=question_len)
 
 
@@ -140,8 +147,12 @@ def carry_spans(prompt: Mapping[str, Any], engine_input: dict[str, Any]) -> None
         engine_input[SPANS_KEY] = spans
 
 
-def carry_token_spans(prompt: Mapping[str, Any], engine_input: dict[str, Any], renderer,
-                      tokenization_kwargs: dict[str, Any] | None) -> None:
+def carry_token_spans(
+    prompt: Mapping[str, Any],
+    engine_input: dict[str, Any],
+    renderer,
+    tokenization_kwargs: dict[str, Any] | None,
+) -> None:
     """Legacy `InputPreprocessor` path of a token-id prompt: its explicit spans, checked against
     the ids that remain after truncation as the renderer path checks them, into the engine input."""
     if SPANS_KEY not in prompt:

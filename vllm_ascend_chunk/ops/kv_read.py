@@ -43,7 +43,8 @@ def make_kv_reader(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], v
         return cpu_reader(kv_cache, vllm_config.cache_config.cache_dtype)
     raise NotImplementedError(
         f"Chunk Cache has no KV reader for platform {current_platform.device_name!r}; "
-        "set VLLM_ENABLE_CHUNK_CACHE=false")
+        "set VLLM_ENABLE_CHUNK_CACHE=false"
+    )
 
 
 def plain_reader(key_cache: torch.Tensor, value_cache: torch.Tensor) -> KVReader:
@@ -65,16 +66,19 @@ def cpu_reader(kv_cache: torch.Tensor, cache_dtype: str) -> KVReader:
 
 
 @functools.cache
-def _cpu_layout(heads: int, block_size: int, double_head: int, dtype: torch.dtype,
-                cache_dtype: str) -> tuple[BlockIndex, BlockIndex]:
+def _cpu_layout(
+    heads: int, block_size: int, double_head: int, dtype: torch.dtype, cache_dtype: str
+) -> tuple[BlockIndex, BlockIndex]:
     """One probe per cache geometry (every layer of a model shares it)."""
     scratch = torch.zeros((2, heads, block_size, double_head), dtype=dtype)
-    return probe_layout(cpu_writer(scratch, cache_dtype), *cpu_cache_views(scratch),
-                        (block_size, heads, double_head // 2))
+    return probe_layout(
+        cpu_writer(scratch, cache_dtype), *cpu_cache_views(scratch), (block_size, heads, double_head // 2)
+    )
 
 
-def probe_layout(write: KVWriter, key_view: torch.Tensor, value_view: torch.Tensor,
-                 shape: tuple[int, int, int]) -> tuple[BlockIndex, BlockIndex]:
+def probe_layout(
+    write: KVWriter, key_view: torch.Tensor, value_view: torch.Tensor, shape: tuple[int, int, int]
+) -> tuple[BlockIndex, BlockIndex]:
     """Learn where `write` puts each token, head and dim of a block of `shape`
     `(block_size, heads, head_size)`.
 
@@ -85,7 +89,7 @@ def probe_layout(write: KVWriter, key_view: torch.Tensor, value_view: torch.Tens
     count = math.prod(shape)
     elements = torch.arange(count).view(shape)
     found_k, found_v = torch.zeros(count, dtype=torch.int64), torch.zeros(count, dtype=torch.int64)
-    for place in (_DIGIT ** i for i in range(max(1, math.ceil(math.log(count, _DIGIT))))):
+    for place in (_DIGIT**i for i in range(max(1, math.ceil(math.log(count, _DIGIT))))):
         digit = (elements // place % _DIGIT).to(key_view.dtype)
         write(digit, digit, torch.arange(shape[0]))
         found_k += key_view[0].reshape(-1).to(torch.int64) * place
@@ -95,15 +99,18 @@ def probe_layout(write: KVWriter, key_view: torch.Tensor, value_view: torch.Tens
     return indexes
 
 
-def index_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, key_index: BlockIndex,
-                 value_index: BlockIndex) -> KVReader:
+def index_reader(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, key_index: BlockIndex, value_index: BlockIndex
+) -> KVReader:
     """Reader of K and V cache views whose block layouts are given by `probe_layout`."""
     block_size = key_index[0].shape[0]
 
     def read(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         blocks, offsets = (slots // block_size).view(-1, 1, 1), slots % block_size
-        return (key_cache[(blocks, *(i[offsets] for i in key_index))],
-                value_cache[(blocks, *(i[offsets] for i in value_index))])
+        return (
+            key_cache[(blocks, *(i[offsets] for i in key_index))],
+            value_cache[(blocks, *(i[offsets] for i in value_index))],
+        )
 
     return read
 
@@ -114,18 +121,26 @@ def _inverse(found: torch.Tensor, view: torch.Tensor, shape: tuple[int, int, int
     if view[0].numel() != count or not torch.equal(found.sort().values, torch.arange(count)):
         raise NotImplementedError(
             f"Chunk Cache cannot read this KV cache layout (a block of {tuple(view.shape[1:])} is not "
-            "a permutation of its tokens' K/V); set VLLM_ENABLE_CHUNK_CACHE=false")
+            "a permutation of its tokens' K/V); set VLLM_ENABLE_CHUNK_CACHE=false"
+        )
     where = torch.empty_like(found)
     where[found] = torch.arange(count)
     return tuple(i.view(shape) for i in torch.unravel_index(where, view.shape[1:]))
 
 
-def _check_round_trip(write: KVWriter, key_view: torch.Tensor, value_view: torch.Tensor,
-                      indexes: tuple[BlockIndex, BlockIndex], shape: tuple[int, int, int]) -> None:
+def _check_round_trip(
+    write: KVWriter,
+    key_view: torch.Tensor,
+    value_view: torch.Tensor,
+    indexes: tuple[BlockIndex, BlockIndex],
+    shape: tuple[int, int, int],
+) -> None:
     key, value = (torch.randn(shape).to(key_view.dtype) for _ in range(2))
     slots = torch.arange(shape[0], 2 * shape[0])
     write(key, value, slots)
     got = index_reader(key_view, value_view, *indexes)(slots)
     if not (torch.equal(got[0], key) and torch.equal(got[1], value)):
-        raise NotImplementedError("Chunk Cache: the KV cache layout learned from the backend's write op "
-                                  "does not read back what it wrote; set VLLM_ENABLE_CHUNK_CACHE=false")
+        raise NotImplementedError(
+            "Chunk Cache: the KV cache layout learned from the backend's write op "
+            "does not read back what it wrote; set VLLM_ENABLE_CHUNK_CACHE=false"
+        )

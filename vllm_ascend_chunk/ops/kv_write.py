@@ -20,8 +20,9 @@ KVLoader = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Rot
 """`load(pool_key [R, H, D], pool_value [R, H, D], rows [T], slots [T], rotation)`."""
 
 
-def make_kv_loader(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer,
-                   vllm_config) -> KVLoader:
+def make_kv_loader(
+    kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer, vllm_config
+) -> KVLoader:
     """The pool → paged-cache loader for one layer on the current platform."""
     from vllm.platforms import current_platform
 
@@ -30,17 +31,24 @@ def make_kv_loader(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], l
 
         key_cache, value_cache = kv_cache.unbind(1)  # [blocks, 2, block, heads, head] (flash layout)
         return lambda pool_k, pool_v, rows, slots, rotation: load_into_paged(
-            pool_k, pool_v, rows, slots, key_cache, value_cache, rotation)
+            pool_k, pool_v, rows, slots, key_cache, value_cache, rotation
+        )
     rotate = Rotation.apply_
     if current_platform.device_type == "npu":
         from vllm_ascend_chunk.ops.npu import npu_apply_rotation_
 
         rotate = lambda rotation, keys: npu_apply_rotation_(  # noqa: E731
-            keys, rotation.cos, rotation.sin, rotation.spec)
+            keys, rotation.cos, rotation.sin, rotation.spec
+        )
     write = make_kv_writer(kv_cache, layer, vllm_config)
 
-    def load(pool_k: torch.Tensor, pool_v: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-             rotation: Rotation | None) -> None:
+    def load(
+        pool_k: torch.Tensor,
+        pool_v: torch.Tensor,
+        rows: torch.Tensor,
+        slots: torch.Tensor,
+        rotation: Rotation | None,
+    ) -> None:
         key = pool_k.index_select(0, rows)
         if rotation is not None:
             rotate(rotation, key)
@@ -49,8 +57,9 @@ def make_kv_loader(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], l
     return load
 
 
-def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer,
-                   vllm_config) -> KVWriter:
+def make_kv_writer(
+    kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer, vllm_config
+) -> KVWriter:
     """The writer for one layer's paged cache on the current platform."""
     from vllm.platforms import current_platform
 
@@ -62,7 +71,8 @@ def make_kv_writer(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], l
         return npu_kv_writer(kv_cache, layer)
     raise NotImplementedError(
         f"Chunk Cache has no KV writer for platform {current_platform.device_name!r}; "
-        "set VLLM_ENABLE_CHUNK_CACHE=false")
+        "set VLLM_ENABLE_CHUNK_CACHE=false"
+    )
 
 
 def cpu_cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +90,8 @@ def cpu_writer(kv_cache: torch.Tensor, cache_dtype: str) -> KVWriter:
     isa = _get_attn_isa(kv_cache.dtype, kv_cache.shape[2], key_cache.shape[-1], cache_dtype)
 
     def write(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
-        ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa,
-                                       kv_cache_dtype=cache_dtype)
+        ops.cpu_attn_reshape_and_cache(
+            key, value, key_cache, value_cache, slots, isa, kv_cache_dtype=cache_dtype
+        )
 
     return write

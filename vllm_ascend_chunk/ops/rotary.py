@@ -42,12 +42,15 @@ class RotarySpec:
         if not 0 < self.rotary_dim <= self.head_size or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in (0, {self.head_size}]")
         if self.inv_freq.shape != (self.rotary_dim // 2,) or not self.inv_freq.is_floating_point():
-            raise ValueError(f"inv_freq must be a float tensor of shape ({self.rotary_dim // 2},), "
-                             f"got {self.inv_freq.dtype} {tuple(self.inv_freq.shape)}")
+            raise ValueError(
+                f"inv_freq must be a float tensor of shape ({self.rotary_dim // 2},), "
+                f"got {self.inv_freq.dtype} {tuple(self.inv_freq.shape)}"
+            )
 
 
-def rotation_tables(deltas: torch.Tensor, spec: RotarySpec, device: torch.device,
-                    dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def rotation_tables(
+    deltas: torch.Tensor, spec: RotarySpec, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, rotary_dim // 2] (``dtype`` on ``device``) of the rotation by ``deltas`` [T].
 
     Angles are computed in float64 on ``deltas``' device (exact to float32 rounding for deltas
@@ -59,8 +62,9 @@ def rotation_tables(deltas: torch.Tensor, spec: RotarySpec, device: torch.device
     return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
 
-def apply_rotation_(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    spec: RotarySpec) -> torch.Tensor:
+def apply_rotation_(
+    keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: RotarySpec
+) -> torch.Tensor:
     """Rotate ``keys`` [T, H, head_size] in place by the tables of `rotation_tables`; returns ``keys``.
 
     Math in float32 (float64 for float64 keys), one rounding to the keys' dtype at the end. Dims
@@ -71,8 +75,9 @@ def apply_rotation_(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         raise ValueError(f"keys must be float [T, H, {spec.head_size}], got {keys.dtype} {tuple(keys.shape)}")
     half, work = spec.rotary_dim // 2, torch.promote_types(keys.dtype, torch.float32)
     if cos.shape != (keys.shape[0], half) or sin.shape != cos.shape:
-        raise ValueError(f"cos/sin must be [{keys.shape[0]}, {half}], "
-                         f"got {tuple(cos.shape)}, {tuple(sin.shape)}")
+        raise ValueError(
+            f"cos/sin must be [{keys.shape[0]}, {half}], got {tuple(cos.shape)}, {tuple(sin.shape)}"
+        )
     cos, sin = cos.to(work)[:, None, :], sin.to(work)[:, None, :]  # [T, 1, half]
     rot = keys[..., : spec.rotary_dim]
     if spec.is_neox_style:  # pairs (i, i + half)
@@ -176,9 +181,11 @@ _WHY_NOT: dict[str, str] = {
 
 
 def _refusal(rotary_emb: object, reason: str) -> str:
-    return (f"{type(rotary_emb).__name__}: {reason}. The sequential chunk-cache layout "
-            "(VLLM_CHUNK_CACHE_LAYOUT=sequential) needs a RoPE whose angles are linear in the position, "
-            "so that a cached key moves by a rotation; VLLM_CHUNK_CACHE_LAYOUT=overlap works with any RoPE.")
+    return (
+        f"{type(rotary_emb).__name__}: {reason}. The sequential chunk-cache layout "
+        "(VLLM_CHUNK_CACHE_LAYOUT=sequential) needs a RoPE whose angles are linear in the position, "
+        "so that a cached key moves by a rotation; VLLM_CHUNK_CACHE_LAYOUT=overlap works with any RoPE."
+    )
 
 
 def _vllm_class_name(rotary_emb: object) -> str | None:
@@ -208,8 +215,11 @@ def _check_against_cache(rotary_emb: object, spec: RotarySpec) -> None:
     tol = max(8 * torch.finfo(cache.dtype).eps, 1e-3) * max(1.0, spec.mscale)
     err = (rows - expected).abs().max().item()
     if not err <= tol:
-        raise UnsupportedRopeError(_refusal(
-            rotary_emb, f"its cos/sin cache differs from the derived angles by {err:.3g} (> {tol:.3g})"))
+        raise UnsupportedRopeError(
+            _refusal(
+                rotary_emb, f"its cos/sin cache differs from the derived angles by {err:.3g} (> {tol:.3g})"
+            )
+        )
 
 
 def rotary_spec_from_vllm(rotary_emb: object) -> RotarySpec:
@@ -221,13 +231,24 @@ def rotary_spec_from_vllm(rotary_emb: object) -> RotarySpec:
     name = _vllm_class_name(rotary_emb)
     derive = _SUPPORTED.get(name) if name is not None else None
     if derive is None:
-        raise UnsupportedRopeError(_refusal(
-            rotary_emb, _WHY_NOT.get(name or "", "not a RoPE class known to be linear in the position "
-                                     f"(supported: {', '.join(sorted(_SUPPORTED))})")))
+        raise UnsupportedRopeError(
+            _refusal(
+                rotary_emb,
+                _WHY_NOT.get(
+                    name or "",
+                    "not a RoPE class known to be linear in the position "
+                    f"(supported: {', '.join(sorted(_SUPPORTED))})",
+                ),
+            )
+        )
     inv_freq, mscale = derive(rotary_emb)
-    spec = RotarySpec(head_size=rotary_emb.head_size, rotary_dim=rotary_emb.rotary_dim,
-                      is_neox_style=bool(rotary_emb.is_neox_style),
-                      inv_freq=inv_freq.detach().to("cpu", torch.float64), mscale=mscale)
+    spec = RotarySpec(
+        head_size=rotary_emb.head_size,
+        rotary_dim=rotary_emb.rotary_dim,
+        is_neox_style=bool(rotary_emb.is_neox_style),
+        inv_freq=inv_freq.detach().to("cpu", torch.float64),
+        mscale=mscale,
+    )
     if not (math.isfinite(mscale) and mscale > 0 and torch.isfinite(spec.inv_freq).all()):
         raise UnsupportedRopeError(_refusal(rotary_emb, f"non-finite inv_freq or mscale={mscale}"))
     _check_against_cache(rotary_emb, spec)

@@ -16,11 +16,30 @@ from vllm_ascend_chunk.ops.rotary import Rotation
 
 
 @triton.jit
-def _load_kernel(pool_k, pool_v, rows, slots, cos, sin, key_cache, value_cache,
-                 pool_row_stride, pool_head_stride, block_stride, token_stride, head_stride,
-                 table_stride, block_size, num_heads,
-                 HEAD_SIZE: tl.constexpr, ROTARY_DIM: tl.constexpr, NEOX: tl.constexpr,
-                 ROTATE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _load_kernel(
+    pool_k,
+    pool_v,
+    rows,
+    slots,
+    cos,
+    sin,
+    key_cache,
+    value_cache,
+    pool_row_stride,
+    pool_head_stride,
+    block_stride,
+    token_stride,
+    head_stride,
+    table_stride,
+    block_size,
+    num_heads,
+    HEAD_SIZE: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,
+    NEOX: tl.constexpr,
+    ROTATE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     t = tl.program_id(0)
     slot = tl.load(slots + t).to(tl.int64)
     if slot >= 0:
@@ -53,15 +72,24 @@ def _load_kernel(pool_k, pool_v, rows, slots, cos, sin, key_cache, value_cache,
         tl.store(key_cache + dst + d, key.to(key_cache.dtype.element_ty), mask=mask)
 
 
-def load_into_paged(pool_k: torch.Tensor, pool_v: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-                    key_cache: torch.Tensor, value_cache: torch.Tensor, rotation: Rotation | None) -> None:
+def load_into_paged(
+    pool_k: torch.Tensor,
+    pool_v: torch.Tensor,
+    rows: torch.Tensor,
+    slots: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    rotation: Rotation | None,
+) -> None:
     """Write pool rows [R, H, D] ``rows`` [T] into ``slots`` [T] of the paged K/V caches
     [blocks, block_size, H, D], keys moved by ``rotation`` (None: a plain copy)."""
     num_tokens = rows.shape[0]
     num_heads, head_size = pool_k.shape[1:]
     if slots.shape != rows.shape or key_cache.shape[2:] != (num_heads, head_size):
-        raise ValueError(f"rows {tuple(rows.shape)} / slots {tuple(slots.shape)} / cache "
-                         f"{tuple(key_cache.shape)} do not match pool rows of {num_heads}x{head_size}")
+        raise ValueError(
+            f"rows {tuple(rows.shape)} / slots {tuple(slots.shape)} / cache "
+            f"{tuple(key_cache.shape)} do not match pool rows of {num_heads}x{head_size}"
+        )
     if key_cache.stride() != value_cache.stride() or pool_k.stride() != pool_v.stride():
         raise ValueError("K and V must share strides (pool and cache)")
     if pool_k.stride(-1) != 1 or key_cache.stride(-1) != 1:
@@ -71,17 +99,35 @@ def load_into_paged(pool_k: torch.Tensor, pool_v: torch.Tensor, rows: torch.Tens
     if rotation is not None:
         cos, sin, spec = rotation.cos.contiguous(), rotation.sin.contiguous(), rotation.spec
         if cos.shape != (num_tokens, spec.rotary_dim // 2) or spec.head_size != head_size:
-            raise ValueError(f"rotation tables {tuple(cos.shape)} do not match {num_tokens} rows of "
-                             f"head_size {head_size}")
+            raise ValueError(
+                f"rotation tables {tuple(cos.shape)} do not match {num_tokens} rows of head_size {head_size}"
+            )
         rotary_dim, neox, table_stride = spec.rotary_dim, spec.is_neox_style, cos.stride(0)
     else:
         cos = sin = pool_k  # never read
         rotary_dim, neox, table_stride = head_size, True, 0
     block_h = min(triton.next_power_of_2(num_heads), max(1, 4096 // triton.next_power_of_2(head_size)))
     _load_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
-        pool_k, pool_v, rows, slots, cos, sin, key_cache, value_cache,
-        pool_k.stride(0), pool_k.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        table_stride, key_cache.shape[1], num_heads,
-        HEAD_SIZE=head_size, ROTARY_DIM=rotary_dim, NEOX=neox, ROTATE=rotation is not None,
-        BLOCK_H=block_h, BLOCK_D=triton.next_power_of_2(head_size),
+        pool_k,
+        pool_v,
+        rows,
+        slots,
+        cos,
+        sin,
+        key_cache,
+        value_cache,
+        pool_k.stride(0),
+        pool_k.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        table_stride,
+        key_cache.shape[1],
+        num_heads,
+        HEAD_SIZE=head_size,
+        ROTARY_DIM=rotary_dim,
+        NEOX=neox,
+        ROTATE=rotation is not None,
+        BLOCK_H=block_h,
+        BLOCK_D=triton.next_power_of_2(head_size),
     )

@@ -152,8 +152,9 @@ class ChunkCacheCoordinator:
             needs = user.needs()
             if self._blocked is not None and self.manager.missing_pages(needs):
                 continue
-            acquired = self.manager.acquire(needs, chunk_keys=set(user.info.chunk_hashes),
-                                            count=not user.counted)
+            acquired = self.manager.acquire(
+                needs, chunk_keys=set(user.info.chunk_hashes), count=not user.counted
+            )
             if acquired is None:
                 self._blocked = user.request.request_id
                 continue
@@ -172,7 +173,7 @@ class ChunkCacheCoordinator:
         ids = [u.request.request_id for u in order]
         if self._blocked not in ids:
             return
-        for user in order[ids.index(self._blocked) + 1:]:
+        for user in order[ids.index(self._blocked) + 1 :]:
             if user.status is UserStatus.PLANNED:
                 self._unplan(user)
 
@@ -181,24 +182,34 @@ class ChunkCacheCoordinator:
         sys_entry = user.entries[0] if info.sys_len else None
         store_sys = sys_entry is not None and sys_entry in created
         prefills = []
-        for i, entry in enumerate(user.entries[1 if info.sys_len else 0:]):
+        for i, entry in enumerate(user.entries[1 if info.sys_len else 0 :]):
             if entry not in created or any(entry in p.entries for p in prefills):
                 continue
             start, end = info.chunk_span(i)
             rows = (self._rows(sys_entry) if store_sys else [-1] * info.sys_len) + self._rows(entry)
-            prefills.append(self._new_prefill(ids[:info.sys_len] + ids[start:end], rows,
-                                              [sys_entry, entry] if store_sys else [entry], user))
+            prefills.append(
+                self._new_prefill(
+                    ids[: info.sys_len] + ids[start:end],
+                    rows,
+                    [sys_entry, entry] if store_sys else [entry],
+                    user,
+                )
+            )
             store_sys = False
         if store_sys:  # every chunk was resident, only SYS is missing
-            prefills.append(self._new_prefill(ids[:info.sys_len], self._rows(sys_entry), [sys_entry],
-                                              user))
+            prefills.append(self._new_prefill(ids[: info.sys_len], self._rows(sys_entry), [sys_entry], user))
         return prefills
 
-    def _new_prefill(self, token_ids: list[int], rows: list[int], entries: list[Entry],
-                     user: UserRequest) -> ChunkPrefill:
-        prefill = ChunkPrefill(request_id=f"{self._id_prefix}{next(self._prefill_counter)}",
-                               token_ids=list(token_ids), pool_rows=rows, entries=entries,
-                               parent=user.request)
+    def _new_prefill(
+        self, token_ids: list[int], rows: list[int], entries: list[Entry], user: UserRequest
+    ) -> ChunkPrefill:
+        prefill = ChunkPrefill(
+            request_id=f"{self._id_prefix}{next(self._prefill_counter)}",
+            token_ids=list(token_ids),
+            pool_rows=rows,
+            entries=entries,
+            parent=user.request,
+        )
         self.prefills[prefill.request_id] = prefill
         return prefill
 
@@ -212,8 +223,9 @@ class ChunkCacheCoordinator:
         if info is not None:
             self.users[request.request_id] = UserRequest(request=request, info=info)
 
-    def get_num_new_matched_tokens(self, request: Request,
-                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         """Chunk tokens to count as computed (loaded), None while R waits for its chunks.
 
         Changes nothing: vLLM may ask again in later steps if R is not admitted.
@@ -255,8 +267,9 @@ class ChunkCacheCoordinator:
                 prefill.block_ids = list(new.block_ids[0])
                 pieces[prefill.request_id] = new.num_computed_tokens
         cached = scheduler_output.scheduled_cached_reqs
-        for rid, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids,
-                                             cached.num_computed_tokens, strict=True):
+        for rid, new_blocks, computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
             if (prefill := self.prefills.get(rid)) is None:
                 continue
             if rid in cached.resumed_req_ids:  # preempted, then given blocks anew
@@ -284,8 +297,11 @@ class ChunkCacheCoordinator:
             load_deltas=self._step.load_deltas,
             save_rows=save_rows,
             save_slots=save_slots,
-            position_shifts={rid: self.layout.question_shift(self.users[rid].info)
-                             for rid in scheduler_output.num_scheduled_tokens if rid in self.users},
+            position_shifts={
+                rid: self.layout.question_shift(self.users[rid].info)
+                for rid in scheduler_output.num_scheduled_tokens
+                if rid in self.users
+            },
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
         for user in self._step.loaded:
@@ -315,8 +331,11 @@ class ChunkCacheCoordinator:
             for entry in prefill.entries:
                 self.manager.mark_resident(entry)
             return
-        logger.warning("Chunk prefill %s ended early (%s); its chunks will be planned again",
-                       prefill.request_id, request.status)
+        logger.warning(
+            "Chunk prefill %s ended early (%s); its chunks will be planned again",
+            prefill.request_id,
+            request.status,
+        )
         for user in self.users.values():
             if user.entries is not None and any(e in user.entries for e in prefill.entries):
                 self._unplan(user)

@@ -93,8 +93,9 @@ class ChunkCacheManager:
         missing = {k: n for k, n in needs if k not in self.entries}
         return sum(pages_for(n, self.page_size) for n in missing.values())
 
-    def acquire(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes],
-                count: bool = True) -> Acquired | None:
+    def acquire(
+        self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes], count: bool = True
+    ) -> Acquired | None:
         """Pin an entry for every (key, num_tokens); missing keys get new pending entries.
 
         Returns None, changing nothing, when the pool cannot make room right now.
@@ -114,8 +115,9 @@ class ChunkCacheManager:
         self._evict_over_threshold()
         return Acquired(entries=entries, created=created)
 
-    def _count(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes],
-               created: Sequence[Entry]) -> None:
+    def _count(
+        self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes], created: Sequence[Entry]
+    ) -> None:
         for key, num_tokens in needs:
             if key not in chunk_keys:
                 continue

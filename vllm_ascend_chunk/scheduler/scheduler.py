@@ -30,7 +30,8 @@ class _ChunkCacheSchedulerMixin:
         super().__init__(*args, **kwargs)
         hash_block_size = kwargs.get("hash_block_size") or self.block_size
         self._prefill_block_hasher = get_request_block_hasher(
-            hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo))
+            hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
+        )
 
     def schedule(self):
         for prefill in self.connector.plan():
@@ -40,13 +41,20 @@ class _ChunkCacheSchedulerMixin:
     def _prefill_request(self, prefill: ChunkPrefill) -> Request:
         """A prefill-only request computing `SYS + C_i` exactly (never reads the prefix cache)."""
         parent = prefill.parent
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                skip_reading_prefix_cache=True)
-        return Request(request_id=prefill.request_id, prompt_token_ids=prefill.token_ids,
-                       sampling_params=params, pooling_params=None,
-                       arrival_time=parent.arrival_time, lora_request=parent.lora_request,
-                       cache_salt=parent.cache_salt, priority=parent.priority,
-                       block_hasher=self._prefill_block_hasher)
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, detokenize=False, skip_reading_prefix_cache=True
+        )
+        return Request(
+            request_id=prefill.request_id,
+            prompt_token_ids=prefill.token_ids,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=parent.arrival_time,
+            lora_request=parent.lora_request,
+            cache_salt=parent.cache_salt,
+            priority=parent.priority,
+            block_hasher=self._prefill_block_hasher,
+        )
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
@@ -61,8 +69,7 @@ class _ChunkCacheSchedulerMixin:
         super()._preempt_request(request, timestamp)
         self.connector.on_preempted(request)
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False,
-                           reset_connector: bool = False) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """vLLM's reset; the chunk pool is always dropped with it (stale document KV, e.g. after
         a weight update, must never be loaded), not only when `reset_connector` is asked."""
         reset = super().reset_prefix_cache(reset_running_requests, reset_connector)

@@ -27,8 +27,11 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 
 def _same_rope(a: RotarySpec, b: RotarySpec) -> bool:
-    return (a.rotary_dim, a.head_size, a.is_neox_style) == (b.rotary_dim, b.head_size, b.is_neox_style) \
-        and torch.equal(a.inv_freq, b.inv_freq)
+    return (a.rotary_dim, a.head_size, a.is_neox_style) == (
+        b.rotary_dim,
+        b.head_size,
+        b.is_neox_style,
+    ) and torch.equal(a.inv_freq, b.inv_freq)
 
 
 class ChunkCacheWorker:
@@ -60,17 +63,21 @@ class ChunkCacheWorker:
         if any(not _same_rope(specs[0], s) for s in specs[1:]):
             raise UnsupportedRopeError(
                 "the model's layers use different RoPEs; VLLM_CHUNK_CACHE_LAYOUT=sequential supports one "
-                "RoPE per model, VLLM_CHUNK_CACHE_LAYOUT=overlap works with any")
+                "RoPE per model, VLLM_CHUNK_CACHE_LAYOUT=overlap works with any"
+            )
         self.rotary = specs[0] if specs else None
-        logger.info("Chunk Cache: sequential layout, cached keys re-rotated on load (%s)",
-                    "no RoPE in the model" if self.rotary is None else
-                    f"rotary_dim={self.rotary.rotary_dim}, neox={self.rotary.is_neox_style}")
+        logger.info(
+            "Chunk Cache: sequential layout, cached keys re-rotated on load (%s)",
+            "no RoPE in the model"
+            if self.rotary is None
+            else f"rotary_dim={self.rotary.rotary_dim}, neox={self.rotary.is_neox_style}",
+        )
 
     def prepare_step(self, runner, meta: ChunkCacheStepMetadata, num_reqs: int, num_tokens: int) -> None:
         if not meta.position_shifts:
             return
         req_ids = runner.input_batch.req_ids[:num_reqs]
-        starts = runner.query_start_loc.np[:num_reqs + 1]
+        starts = runner.query_start_loc.np[: num_reqs + 1]
         shifts = np.array([meta.position_shifts.get(r, 0) for r in req_ids], dtype=np.int64)
         if shifts.any():
             per_token = torch.from_numpy(np.repeat(shifts, np.diff(starts)))
@@ -82,17 +89,24 @@ class ChunkCacheWorker:
         device = self.pool.kv.device
         rotation = None
         if meta.load_deltas and not self._model_bound:  # a model runner without the bind_model hook
-            raise RuntimeError("Chunk Cache: the sequential layout needs the model's RoPE, but the model "
-                               "runner never called hooks.bind_model; run scripts/apply_patches.sh")
+            raise RuntimeError(
+                "Chunk Cache: the sequential layout needs the model's RoPE, but the model "
+                "runner never called hooks.bind_model; run scripts/apply_patches.sh"
+            )
         if meta.load_deltas and self.rotary is not None:
             deltas = torch.tensor(meta.load_deltas, dtype=torch.int64)  # host: float64 angles
             if deltas.any():
                 rotation = Rotation.for_deltas(deltas, self.rotary, device)
-        self.pool.load(torch.tensor(meta.load_rows, dtype=torch.int64, device=device),
-                       torch.tensor(meta.load_slots, dtype=torch.int64, device=device), rotation)
+        self.pool.load(
+            torch.tensor(meta.load_rows, dtype=torch.int64, device=device),
+            torch.tensor(meta.load_slots, dtype=torch.int64, device=device),
+            rotation,
+        )
 
     def save(self, meta: ChunkCacheStepMetadata) -> None:
         if meta.save_rows:
             device = self.pool.kv.device
-            self.pool.save(torch.tensor(meta.save_rows, dtype=torch.int64, device=device),
-                           torch.tensor(meta.save_slots, dtype=torch.int64, device=device))
+            self.pool.save(
+                torch.tensor(meta.save_rows, dtype=torch.int64, device=device),
+                torch.tensor(meta.save_slots, dtype=torch.int64, device=device),
+            )

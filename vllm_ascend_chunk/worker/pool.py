@@ -15,16 +15,22 @@ from vllm_ascend_chunk.ops.rotary import Rotation
 
 
 class ChunkCachePool:
-    def __init__(self, geometry: PoolGeometry, loaders: list[KVLoader], readers: list[KVReader],
-                 device: torch.device) -> None:
+    def __init__(
+        self, geometry: PoolGeometry, loaders: list[KVLoader], readers: list[KVReader], device: torch.device
+    ) -> None:
         if len(loaders) != geometry.num_layers:
-            raise RuntimeError(f"Chunk Cache pool sized for {geometry.num_layers} attention layers, "
-                               f"the model has {len(loaders)}")
+            raise RuntimeError(
+                f"Chunk Cache pool sized for {geometry.num_layers} attention layers, "
+                f"the model has {len(loaders)}"
+            )
         self.geometry = geometry
         self.loaders = loaders
         self.readers = readers
-        self.kv = torch.zeros((geometry.num_layers, 2, geometry.num_rows, geometry.num_kv_heads,
-                               geometry.head_size), dtype=geometry.dtype, device=device)
+        self.kv = torch.zeros(
+            (geometry.num_layers, 2, geometry.num_rows, geometry.num_kv_heads, geometry.head_size),
+            dtype=geometry.dtype,
+            device=device,
+        )
 
     def save(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
         """Copy paged-cache `slots` (post-RoPE K/V, every layer) into pool `rows`."""
