@@ -9,10 +9,11 @@ Every configuration gets the same token ids, `SYS + C_1 + ... + C_n + Q`, in a f
 | `full`       | `VLLM_ENABLE_CHUNK_CACHE=false`, no prefix caching | the ids as one ordinary prompt |
 | `overlap`    | chunk cache on, `VLLM_CHUNK_CACHE_LAYOUT=overlap` | the ids with `chunk_spans` |
 | `sequential` | chunk cache on, `VLLM_CHUNK_CACHE_LAYOUT=sequential` | the ids with `chunk_spans` |
-| `overlap+last` | as `overlap`, `VLLM_CHUNK_CACHE_RECOVERY=last` | the ids with `chunk_spans` |
-| `sequential+last` | as `sequential`, `VLLM_CHUNK_CACHE_RECOVERY=last` | the ids with `chunk_spans` |
+| `overlap+last`, `+last:2` | as `overlap`, `VLLM_CHUNK_CACHE_RECOVERY=last` / `last:2` | as `overlap` |
+| `sequential+last`, `+last:2` | as `sequential`, the same recovery | as `sequential` |
 
-With `last` the engine computes the last document with the question instead of loading it.
+With `last` (`last:2`) the engine computes the last document (two documents) with the question
+instead of loading it.
 
 Per question, a chunk configuration first sends a *priming* request (the same SYSTEM and
 documents in reverse order, another question, 1 token; with recovery off for it:
@@ -79,16 +80,17 @@ CONFIGS: dict[str, dict] = {
         "chunked": True,
     },
     **{
-        f"{layout}+last": {
+        f"{layout}+{mode}": {
             "env": {
                 "VLLM_ENABLE_CHUNK_CACHE": "true",
                 "VLLM_CHUNK_CACHE_LAYOUT": layout,
-                "VLLM_CHUNK_CACHE_RECOVERY": "last",
+                "VLLM_CHUNK_CACHE_RECOVERY": mode,
             },
             "prefix_caching": True,
             "chunked": True,
             "paired_plain": True,
         }
+        for mode in ("last", "last:2")
         for layout in ("overlap", "sequential")
     },
 }

@@ -39,11 +39,11 @@ def expected_structure(raw_tok, text: str, add_special_tokens: bool = True) -> E
     )
 
 
-def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap", recovery: str = "none"):
-    """The expected structure of `text` and the HF reference answer. `recovery="last"`: the last
-    document is computed with the question, i.e. it belongs to the question's segment."""
+def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap", recovery_docs: int = 0):
+    """The expected structure of `text` and the HF reference answer. `recovery_docs=K`: the last
+    K documents are computed with the question, i.e. they belong to the question's segment."""
     exp = expected_structure(raw_tok, text)
-    chunk_lens = exp.chunk_lens[:-1] if recovery == "last" else exp.chunk_lens
+    chunk_lens = exp.chunk_lens[: max(0, len(exp.chunk_lens) - recovery_docs)]
     return exp, hf_reference.greedy(
         model, exp.token_ids, max_tokens, sys_len=exp.sys_len, chunk_lens=chunk_lens, layout=layout
     )

@@ -40,10 +40,10 @@ def run_engine(
     return json.loads(run.stdout.split("RESULT ", 1)[1])
 
 
-def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap", recovery="none"):
+def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap", recovery_docs=0):
     for prompt, res in zip(prompts, results, strict=True):
         assert "error" not in res, res
-        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout, recovery)
+        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout, recovery_docs)
         assert res["prompt_ids"] == exp.token_ids
         cc.assert_matches(res["tokens"], res["logprobs"], ref, f"{what}: {prompt[:50]}")
 
@@ -124,7 +124,7 @@ def test_recovery_last_in_the_sequential_layout(models_dir: Path):
     result = run_engine(models_dir / "tiny-llama", rounds, env=env)
     model, raw_tok = tools(models_dir, "tiny-llama")
     for rnd, res, what in zip(rounds[:3], result["rounds"], ["cold", "warm", "reordered"], strict=False):
-        check_round(model, raw_tok, rnd["prompts"], res, 8, f"last {what}", "sequential", "last")
+        check_round(model, raw_tok, rnd["prompts"], res, 8, f"last {what}", "sequential", 1)
     check_round(model, raw_tok, first[:1], result["rounds"][3], 8, "none per request", "sequential")
     counts = [(s["hits"], s["misses"]) for s in result["states"]]
     steps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip([(0, 0), *counts], counts, strict=False)]

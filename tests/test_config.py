@@ -12,7 +12,7 @@ def test_defaults_match_the_design():
         hash_algorithm="sha256",
         delimiter="# #",
         layout="overlap",
-        recovery="none",
+        recovery_docs=0,
     )
 
 
@@ -30,8 +30,10 @@ def test_valid_values_are_parsed():
     )
     assert (cfg.enabled, cfg.size_gb, cfg.lru_threshold) == (False, 0.5, 1.0)
     assert (cfg.hash_algorithm, cfg.delimiter, cfg.layout) == ("xxhash", "<doc>", "sequential")
-    assert cfg.recovery == "last"
+    assert cfg.recovery_docs == 1
     assert "disabled" in cfg.describe()
+    on = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "LAST:3"})
+    assert on.recovery_docs == 3 and "recovery=last:3" in on.describe()
 
 
 @pytest.mark.parametrize(
@@ -46,7 +48,9 @@ def test_valid_values_are_parsed():
         ("VLLM_CHUNK_CACHE_HASH_ALGORITHM", "md5", "sha256, xxhash"),
         ("VLLM_CHUNK_DELIMITER", "   ", "not blank"),
         ("VLLM_CHUNK_CACHE_LAYOUT", "interleaved", "overlap, sequential"),
-        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last"),
+        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last (= last:1), or last:K"),
+        ("VLLM_CHUNK_CACHE_RECOVERY", "last:0", "last:K with K >= 1"),
+        ("VLLM_CHUNK_CACHE_RECOVERY", "last:-1", "last:K with K >= 1"),
     ],
 )
 def test_invalid_values_name_the_variable_and_accepted_values(name, value, accepted):

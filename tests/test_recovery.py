@@ -1,8 +1,8 @@
-"""The `last` recovery mode: the last document of a request is computed with its question.
+"""The `last[:K]` recovery mode: the last (K) documents of a request are computed with its question.
 
 Unit tests of the mode's choice and span rewrite; then the shared offline engine (overlap
 layout) and server asked for it per request, answers against the HF reference in which the last
-document belongs to the question's segment (`chunk_cases.reference(..., recovery="last")`). The
+document belongs to the question's segment (`chunk_cases.reference(..., recovery_docs=1)`). The
 server-wide switch in the sequential layout: `test_chunk_engines.py`."""
 
 from __future__ import annotations
@@ -40,29 +40,30 @@ def server_mode(monkeypatch):
 
 def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
     server_mode(None)
-    assert recovery.requested(Params()) == "none"
-    assert recovery.requested(Params({"chunk_cache": False})) == "none"
+    assert recovery.requested(Params()) == 0
+    assert recovery.requested(Params({"chunk_cache": False})) == 0
     server_mode("LAST")
-    assert recovery.requested(None) == "last"
-    assert recovery.requested(Params({"chunk_cache_recovery": " None "})) == "none"
+    assert recovery.requested(None) == 1
+    assert recovery.requested(Params({"chunk_cache_recovery": " None "})) == 0
     server_mode("none")
-    assert recovery.requested(Params(LAST)) == "last"
+    assert recovery.requested(Params(LAST)) == 1
+    assert recovery.requested(Params({"chunk_cache_recovery": "last:2"})) == 2
 
 
-@pytest.mark.parametrize("value", ["first", "", 1, None, True, ["last"]])
+@pytest.mark.parametrize("value", ["first", "", 1, None, True, ["last"], "last:0", "last:x", "last:"])
 def test_a_bad_request_mode_names_the_key_and_the_choices(value):
-    with pytest.raises(ChunkPromptError, match=r"'chunk_cache_recovery' must be one of none, last"):
+    with pytest.raises(ChunkPromptError, match=r"'chunk_cache_recovery' must be none, last \(= last:1\)"):
         recovery.requested(Params({"chunk_cache_recovery": value}))
 
 
-def test_last_counts_the_last_document_as_question():
+def test_the_last_documents_join_the_question():
     spans = ChunkSpans(sys_len=4, chunk_lens=[5, 6, 7], question_len=3)
-    assert recovery.apply(spans, "none") == spans
-    assert recovery.apply(spans, "last") == ChunkSpans(sys_len=4, chunk_lens=[5, 6], question_len=10)
-    one = ChunkSpans(sys_len=4, chunk_lens=[5], question_len=3)
-    assert recovery.apply(one, "last") == ChunkSpans(sys_len=4, chunk_lens=[], question_len=8)
+    assert recovery.apply(spans, 0) == spans
+    assert recovery.apply(spans, 1) == ChunkSpans(sys_len=4, chunk_lens=[5, 6], question_len=10)
+    assert recovery.apply(spans, 2) == ChunkSpans(sys_len=4, chunk_lens=[5], question_len=16)
+    assert recovery.apply(spans, 5) == ChunkSpans(sys_len=4, chunk_lens=[], question_len=21)
     none = ChunkSpans(sys_len=4, chunk_lens=[], question_len=3)
-    assert recovery.apply(none, "last") == none
+    assert recovery.apply(none, 1) == none
 
 
 def greedy(extra_args=None, max_tokens: int = 6):
@@ -73,15 +74,15 @@ def greedy(extra_args=None, max_tokens: int = 6):
     )
 
 
-def check(out, model, raw_tok, text: str, mode: str) -> None:
-    exp, ref = cc.reference(model, raw_tok, text, len(out.outputs[0].token_ids), "overlap", mode)
+def check(out, model, raw_tok, text: str, docs: int) -> None:
+    exp, ref = cc.reference(model, raw_tok, text, len(out.outputs[0].token_ids), "overlap", docs)
     assert out.prompt_token_ids == exp.token_ids
     gen = out.outputs[0]
     cc.assert_matches(
         gen.token_ids,
         [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)],
         ref,
-        f"{mode}: {text[:40]}",
+        f"last:{docs}: {text[:40]}",
     )
 
 
@@ -95,13 +96,16 @@ def test_a_request_asks_for_last_cold_and_warm(tiny_llama_llm, raw_tok, tiny_mod
     for _ in range(2):  # cold, then every loaded document warm
         outs = tiny_llama_llm.generate([PROMPT, other], greedy(LAST), use_tqdm=False)
         for out, text in zip(outs, [PROMPT, other], strict=True):
-            check(out, tiny_model, raw_tok, text, "last")
+            check(out, tiny_model, raw_tok, text, 1)
     lens = cc.expected_structure(raw_tok, PROMPT).chunk_lens
     info = scheduled_requests[0].chunk_cache
     assert info.chunk_lens == lens[:2] and len(info.chunk_hashes) == 2
     plain = tiny_llama_llm.generate([PROMPT], greedy(), use_tqdm=False)[0]  # the same engine, no recovery
-    check(plain, tiny_model, raw_tok, PROMPT, "none")
+    check(plain, tiny_model, raw_tok, PROMPT, 0)
     assert scheduled_requests[-1].chunk_cache.chunk_lens == lens
+    two = tiny_llama_llm.generate([PROMPT], greedy({"chunk_cache_recovery": "last:2"}), use_tqdm=False)[0]
+    check(two, tiny_model, raw_tok, PROMPT, 2)
+    assert scheduled_requests[-1].chunk_cache.chunk_lens == lens[:1]
 
 
 def test_a_bad_mode_is_refused_and_the_engine_keeps_serving(tiny_llama_llm):
@@ -123,7 +127,7 @@ def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
         extra_body={"ignore_eos": True, "return_token_ids": True, "vllm_xargs": LAST},
     )
     choice = resp.choices[0]
-    exp, ref = cc.reference(tiny_model, raw_tok, PROMPT, 6, "overlap", "last")
+    exp, ref = cc.reference(tiny_model, raw_tok, PROMPT, 6, "overlap", 1)
     assert choice.prompt_token_ids == exp.token_ids
     cc.assert_matches(choice.token_ids, choice.logprobs.token_logprobs, ref, "server, last")
     bad = {

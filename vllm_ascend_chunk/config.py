@@ -8,7 +8,7 @@
 | `VLLM_CHUNK_CACHE_HASH_ALGORITHM` | `sha256`  | `sha256`, `xxhash`            |
 | `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
 | `VLLM_CHUNK_CACHE_LAYOUT`         | `overlap` | `overlap`, `sequential`       |
-| `VLLM_CHUNK_CACHE_RECOVERY`       | `none`    | `none`, `last`                |
+| `VLLM_CHUNK_CACHE_RECOVERY`       | `none`    | `none`, `last`, `last:K`      |
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ FALSE_WORDS = ("0", "false", "no", "off")
 HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
 """Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
 LAYOUTS = tuple(layouts.LAYOUTS)
-RECOVERY_MODES = ("none", "last")
-"""`last`: the last document of a request is computed with its question (`frontend.recovery`)."""
+RECOVERY_ACCEPTED = "none, last (= last:1), or last:K with K >= 1"
+"""Recovery modes (`frontend.recovery`): `last:K` computes the last K documents with the question."""
 
 
 class ChunkCacheConfigError(ValueError):
@@ -42,7 +42,8 @@ class ChunkCacheConfig:
     hash_algorithm: str = "sha256"
     delimiter: str = "# #"
     layout: str = "overlap"
-    recovery: str = "none"
+    recovery_docs: int = 0
+    """Documents at the end of a request computed with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
@@ -75,10 +76,8 @@ class ChunkCacheConfig:
             layout=_parse_choice(
                 "VLLM_CHUNK_CACHE_LAYOUT", get("VLLM_CHUNK_CACHE_LAYOUT", defaults.layout), LAYOUTS
             ),
-            recovery=_parse_choice(
-                "VLLM_CHUNK_CACHE_RECOVERY",
-                get("VLLM_CHUNK_CACHE_RECOVERY", defaults.recovery),
-                RECOVERY_MODES,
+            recovery_docs=_parse_recovery(
+                "VLLM_CHUNK_CACHE_RECOVERY", get("VLLM_CHUNK_CACHE_RECOVERY", "none")
             ),
         )
 
@@ -88,7 +87,7 @@ class ChunkCacheConfig:
         return (
             f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
             f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
-            f"hash={self.hash_algorithm} recovery={self.recovery}"
+            f"hash={self.hash_algorithm} recovery={recovery_name(self.recovery_docs)}"
         )
 
 
@@ -128,6 +127,26 @@ def _parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     if value.lower() not in choices:
         raise _error(name, value, ", ".join(choices))
     return value.lower()
+
+
+def recovery_documents(value: str) -> int | None:
+    """Documents a recovery mode computes with the question (`none` 0, `last` 1, `last:K` K), or
+    None if `value` names no mode."""
+    word = value.strip().lower()
+    if word in ("none", "last"):
+        return int(word == "last")
+    head, _, k = word.partition(":")
+    return int(k) if head == "last" and k.isdecimal() and int(k) >= 1 else None
+
+
+def recovery_name(docs: int) -> str:
+    return "none" if docs == 0 else "last" if docs == 1 else f"last:{docs}"
+
+
+def _parse_recovery(name: str, value: str) -> int:
+    if (docs := recovery_documents(value)) is None:
+        raise _error(name, value, RECOVERY_ACCEPTED)
+    return docs
 
 
 def _parse_delimiter(value: str) -> str:

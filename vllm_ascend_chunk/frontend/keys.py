@@ -61,7 +61,7 @@ def chunk_cache_info(
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
     if not is_active(vllm_config):
         return None
-    mode = recovery.requested(params)  # checked on ordinary prompts too: a typo is a 400 anywhere
+    recovered = recovery.requested(params)  # checked on ordinary prompts too: a typo is a 400
     spans = engine_input.get(SPANS_KEY)
     if spans is None:
         return None
@@ -77,7 +77,7 @@ def chunk_cache_info(
         or len(token_ids) != spans.num_tokens
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
-    spans = recovery.apply(spans, mode)
+    spans = recovery.apply(spans, recovered)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     info = with_keys(spans, token_ids, identity, hash_fn())
     check_fits(info, pool_geometry(vllm_config))

@@ -6,7 +6,8 @@ attends to SYS, to every earlier document and causally to itself; the question f
 is exactly the request served with the last document counted as part of the question, so the
 mode rewrites the spans before the keys are made and nothing downstream changes: the scheduler
 loads SYS + C_1..C_{n-1} and the request's own prefill computes C_n + Q. The last document's
-entry is neither read nor written by such a request.
+entry is neither read nor written by such a request. `last:K`: the same for the last K
+documents (all of them when a request has fewer: an ordinary causal prompt after SYS).
 
 The mode is the server's `VLLM_CHUNK_CACHE_RECOVERY`, or per request `chunk_cache_recovery` in
 `vllm_xargs` (OpenAI server) or `SamplingParams.extra_args` (offline).
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from vllm_ascend_chunk.config import RECOVERY_MODES, get_config
+from vllm_ascend_chunk.config import RECOVERY_ACCEPTED, get_config, recovery_documents
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.metadata import ChunkSpans
 
@@ -24,20 +25,26 @@ KEY = "chunk_cache_recovery"
 """Name of the per-request choice in `vllm_xargs` and `SamplingParams.extra_args`."""
 
 
-def requested(params: object) -> str:
-    """The recovery mode of a request: its `chunk_cache_recovery`, else the server's."""
+def requested(params: object) -> int:
+    """How many documents at the end of a request are computed with its question: its
+    `chunk_cache_recovery`, else the server's `VLLM_CHUNK_CACHE_RECOVERY`."""
     extra = getattr(params, "extra_args", None)
     if not extra or KEY not in extra:
-        return get_config().recovery
+        return get_config().recovery_docs
     value = extra[KEY]
-    if not isinstance(value, str) or value.strip().lower() not in RECOVERY_MODES:
-        raise ChunkPromptError(f"'{KEY}' must be one of {', '.join(RECOVERY_MODES)}; got {value!r}")
-    return value.strip().lower()
+    docs = recovery_documents(value) if isinstance(value, str) else None
+    if docs is None:
+        raise ChunkPromptError(f"'{KEY}' must be {RECOVERY_ACCEPTED}; got {value!r}")
+    return docs
 
 
-def apply(spans: ChunkSpans, mode: str) -> ChunkSpans:
-    """The spans the request is served with under `mode`."""
-    if mode == "none" or not spans.chunk_lens:
+def apply(spans: ChunkSpans, docs: int) -> ChunkSpans:
+    """The spans the request is served with when its last `docs` documents join the question."""
+    docs = min(docs, spans.num_chunks)
+    if docs == 0:
         return spans
-    *loaded, last = spans.chunk_lens
-    return msgspec.structs.replace(spans, chunk_lens=loaded, question_len=last + spans.question_len)
+    return msgspec.structs.replace(
+        spans,
+        chunk_lens=spans.chunk_lens[:-docs],
+        question_len=sum(spans.chunk_lens[-docs:]) + spans.question_len,
+    )
