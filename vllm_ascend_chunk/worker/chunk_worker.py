@@ -1,8 +1,8 @@
 """ChunkCacheWorker: executes a step's chunk operations on one worker.
 
-Per step: `prepare_step` (from the model runner, once the slot mapping is computed from the
-logical positions) shifts the RoPE positions of chunk-path requests; `load` (connector
-`start_load_kv`, before the forward) copies pool rows into slots; `save` (connector
+Per step: `shift_positions` (from the model runner, once the slot mapping is computed from the
+logical positions) lowers the RoPE positions of chunk-path requests in the overlap layout;
+`load` (connector `start_load_kv`, before the forward) copies pool rows into slots; `save` (connector
 `wait_for_save`, after the forward) copies the slots that chunk prefills wrote into pool rows.
 Nothing runs inside the attention op, so a forward replayed from a graph is handled the same.
 """
@@ -73,15 +73,16 @@ class ChunkCacheWorker:
             else f"rotary_dim={self.rotary.rotary_dim}, neox={self.rotary.is_neox_style}",
         )
 
-    def prepare_step(self, runner, meta: ChunkCacheStepMetadata, num_reqs: int, num_tokens: int) -> None:
-        if not meta.position_shifts:
-            return
-        req_ids = runner.input_batch.req_ids[:num_reqs]
-        starts = runner.query_start_loc.np[: num_reqs + 1]
-        shifts = np.array([meta.position_shifts.get(r, 0) for r in req_ids], dtype=np.int64)
-        if shifts.any():
-            per_token = torch.from_numpy(np.repeat(shifts, np.diff(starts)))
-            runner.positions[:num_tokens] -= per_token.to(runner.positions.device)
+    @staticmethod
+    def shift_positions(
+        shifts: dict[str, int], req_ids: list[str], query_starts: np.ndarray, positions: torch.Tensor
+    ) -> None:
+        """Lower, in place, the RoPE positions of the tokens each request computes this step by
+        its shift (`query_starts[i]..query_starts[i+1]` are request `req_ids[i]`'s tokens)."""
+        per_request = np.array([shifts.get(r, 0) for r in req_ids], dtype=np.int64)
+        if per_request.any():
+            per_token = torch.from_numpy(np.repeat(per_request, np.diff(query_starts)))
+            positions -= per_token.to(positions.device)
 
     def load(self, meta: ChunkCacheStepMetadata) -> None:
         if not meta.load_rows:

@@ -1,21 +1,43 @@
-"""Entry points for the vLLM patches on the worker side (model runner)."""
+"""Entry points for the vLLM patches on the worker side (model runner).
+
+The hooks find this worker's chunk cache the way vLLM's runner finds its KV connector (the KV
+transfer group), and hand it what it needs as explicit values. `prepare_step` reads the step
+metadata from the scheduler output: positions are prepared before vLLM binds the metadata to
+the connector (around the forward), where `start_load_kv` and `wait_for_save` read it.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def _chunk_worker():
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
+
+
+def _chunk_worker() -> ChunkCacheWorker | None:
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    return getattr(get_kv_transfer_group(), "chunk_worker", None) if has_kv_transfer_group() else None
+    from vllm_ascend_chunk.connector import ChunkCacheConnector
+
+    group = get_kv_transfer_group() if has_kv_transfer_group() else None
+    return group.chunk_worker if isinstance(group, ChunkCacheConnector) else None
 
 
 def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> None:
-    """`GPUModelRunner._prepare_inputs`, right after the slot mapping is computed."""
+    """`GPUModelRunner._prepare_inputs` (vllm-ascend: `NPUModelRunner`), right after the slot
+    mapping is computed from the logical positions: the RoPE positions of this step's tokens."""
     from vllm_ascend_chunk.step import ChunkCacheStepMetadata
 
     meta = scheduler_output.kv_connector_metadata
-    if isinstance(meta, ChunkCacheStepMetadata) and (worker := _chunk_worker()) is not None:
-        worker.prepare_step(runner, meta, num_reqs, num_tokens)
+    if not isinstance(meta, ChunkCacheStepMetadata) or not meta.position_shifts:
+        return
+    if (worker := _chunk_worker()) is not None:
+        worker.shift_positions(
+            meta.position_shifts,
+            runner.input_batch.req_ids[:num_reqs],
+            runner.query_start_loc.np[: num_reqs + 1],
+            runner.positions[:num_tokens],
+        )
 
 
 def bind_model(model) -> None:
