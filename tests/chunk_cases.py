@@ -49,6 +49,15 @@ def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap
     )
 
 
+def assert_output(out, model, raw_tok, text: str, layout: str = "overlap", recovery_docs: int = 0) -> None:
+    """A greedy `RequestOutput` of `text` (with `logprobs=1`) against the HF reference."""
+    gen = out.outputs[0]
+    exp, ref = reference(model, raw_tok, text, len(gen.token_ids), layout, recovery_docs)
+    assert out.prompt_token_ids == exp.token_ids
+    logprobs = [step[t].logprob for step, t in zip(gen.logprobs, gen.token_ids, strict=True)]
+    assert_matches(gen.token_ids, logprobs, ref, f"{layout}, last {recovery_docs}: {text[:60]}")
+
+
 def assert_matches(out_tokens, out_logprobs, ref, what: str) -> None:
     assert list(out_tokens) == ref.tokens, f"{what}: tokens differ"
     for step, (got, want) in enumerate(zip(out_logprobs, ref.logprobs, strict=True)):

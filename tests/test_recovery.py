@@ -74,18 +74,6 @@ def greedy(extra_args=None, max_tokens: int = 6):
     )
 
 
-def check(out, model, raw_tok, text: str, docs: int) -> None:
-    exp, ref = cc.reference(model, raw_tok, text, len(out.outputs[0].token_ids), "overlap", docs)
-    assert out.prompt_token_ids == exp.token_ids
-    gen = out.outputs[0]
-    cc.assert_matches(
-        gen.token_ids,
-        [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)],
-        ref,
-        f"last:{docs}: {text[:40]}",
-    )
-
-
 @pytest.fixture(scope="module")
 def tiny_model(models_dir):
     return cc.hf_reference.load(models_dir / "tiny-llama")
@@ -96,15 +84,15 @@ def test_a_request_asks_for_last_cold_and_warm(tiny_llama_llm, raw_tok, tiny_mod
     for _ in range(2):  # cold, then every loaded document warm
         outs = tiny_llama_llm.generate([PROMPT, other], greedy(LAST), use_tqdm=False)
         for out, text in zip(outs, [PROMPT, other], strict=True):
-            check(out, tiny_model, raw_tok, text, 1)
+            cc.assert_output(out, tiny_model, raw_tok, text, recovery_docs=1)
     lens = cc.expected_structure(raw_tok, PROMPT).chunk_lens
     info = scheduled_requests[0].chunk_cache
     assert info.chunk_lens == lens[:2] and len(info.chunk_hashes) == 2
     plain = tiny_llama_llm.generate([PROMPT], greedy(), use_tqdm=False)[0]  # the same engine, no recovery
-    check(plain, tiny_model, raw_tok, PROMPT, 0)
+    cc.assert_output(plain, tiny_model, raw_tok, PROMPT)
     assert scheduled_requests[-1].chunk_cache.chunk_lens == lens
     two = tiny_llama_llm.generate([PROMPT], greedy({"chunk_cache_recovery": "last:2"}), use_tqdm=False)[0]
-    check(two, tiny_model, raw_tok, PROMPT, 2)
+    cc.assert_output(two, tiny_model, raw_tok, PROMPT, recovery_docs=2)
     assert scheduled_requests[-1].chunk_cache.chunk_lens == lens[:1]
 
 
