@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,6 +23,17 @@ def touched_files(patch: Path) -> list[str]:
 
 def run(*args: str, target: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(APPLY), "--target", str(target), *args], capture_output=True, text=True)
+
+
+def regenerated_series(project: str, pristine: Path, edited: Path, out: Path) -> dict[str, bytes]:
+    """`regen_patches.py` over the committed series copied into `out` (it keeps their numbers):
+    patch name -> bytes."""
+    for p in series(project):
+        shutil.copy2(p, out / p.name)
+    regen = [sys.executable, str(REPO / "scripts" / "regen_patches.py"), project]
+    paths = ["--pristine", str(pristine), "--edited", str(edited), "--out", str(out)]
+    subprocess.run([*regen, *paths], check=True, capture_output=True)
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))}
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:

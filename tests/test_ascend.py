@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from patch_helpers import REPO, run, series, touched_files, tree_bytes
+from patch_helpers import REPO, regenerated_series, run, series, touched_files, tree_bytes
 
 from vllm_ascend_chunk.ops import npu
 from vllm_ascend_chunk.ops.rotary import RotarySpec, apply_rotation_, rotation_tables
@@ -191,26 +191,8 @@ def test_conflict_is_reported_and_changes_nothing(scratch: Path):
 def test_regeneration_reproduces_the_committed_series(scratch: Path, pristine_ascend: Path, tmp_path_factory):
     assert run(target=scratch).returncode == 0
     out = tmp_path_factory.mktemp("series")
-    for p in PATCHES:  # numbering is kept from the existing series
-        shutil.copy2(p, out / p.name)
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "regen_patches.py"),
-            "vllm-ascend",
-            "--pristine",
-            str(pristine_ascend),
-            "--edited",
-            str(scratch),
-            "--out",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.patch"))} == {
-        p.name: p.read_bytes() for p in PATCHES
-    }
+    committed = {p.name: p.read_bytes() for p in PATCHES}
+    assert regenerated_series("vllm-ascend", pristine_ascend, scratch, out) == committed
 
 
 # ---------------------------------------------------------------------------------------------
