@@ -38,7 +38,7 @@ engine: a ratio that drifting load on a shared machine does not skew.
 
     .venv/bin/python scripts/bench_quality.py --synthetic 100 --docs 5 --doc-tokens 150 \\
         --out benchmarks/quality_cpu_synthetic.json
-    .venv/bin/python scripts/bench_quality.py --data /work/shared/data/musique_s.json --limit 20 \\
+    .venv/bin/python scripts/bench_quality.py --data musique_s.json --limit 20 \\
         --docs 4 --doc-tokens 256 --out benchmarks/quality_cpu_musique.json
 
 Writes the JSON (settings, every sample of every configuration, summaries) and a PNG beside it
@@ -63,6 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 import quality_data as qd  # noqa: E402
+from serve_util import portable  # noqa: E402
 
 PRIME_QUESTION = "What are these documents about?"
 TOP_K = 20
@@ -354,11 +355,15 @@ def main() -> None:
     )
 
     result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": portable(" ".join([Path(sys.executable).name, *sys.argv])),
         "dataset": dataset,
-        "model": args.model,
+        "model": portable(args.model),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "worker"},
+        "settings": {
+            k: portable(v) if isinstance(v, (str, Path)) else v
+            for k, v in vars(args).items()
+            if k != "worker"
+        },
         "prompt_tokens_mean": statistics.fmean(lengths),
         "configs": {},
     }

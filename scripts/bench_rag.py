@@ -55,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rag_workload  # noqa: E402
-from serve_util import VllmServer, openai_client  # noqa: E402
+from serve_util import VllmServer, openai_client, portable  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
@@ -1019,11 +1019,6 @@ def workload_from_args(args) -> rag_workload.RagWorkload:
         shuffled_repeats=pick(args.shuffled_repeats, 4, 3),
         warmup_requests=1,
     )
-
-
-def portable(text: str | Path) -> str:
-    """`text` with this checkout's path made relative: results name no machine's directories."""
-    return str(text).replace(f"{REPO}{os.sep}", "")
 
 
 def run_config(

@@ -10,7 +10,7 @@ recompute fraction (prompt tokens computed / prompt tokens, when every document 
 
     .venv/bin/python scripts/explore_recovery.py --synthetic 40 --docs 5 --doc-tokens 150 \\
         --max-tokens 20 --out benchmarks/recovery_hf_synthetic.json
-    .venv/bin/python scripts/explore_recovery.py --data /work/shared/data/musique_s.json --limit 12 \\
+    .venv/bin/python scripts/explore_recovery.py --data musique_s.json --limit 12 \\
         --docs 4 --doc-tokens 256 --max-tokens 20 --configs overlap/plain sequential/plain \\
         sequential/suffix:last sequential/epic:8 sequential/epic:32 sequential/defer-epic:32 \\
         sequential/defer-blend:0.15 --out benchmarks/recovery_hf_musique.json
@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import quality_data as qd  # noqa: E402
+from serve_util import portable  # noqa: E402
 
 DEFAULT_CONFIGS = [
     "overlap/plain",
@@ -74,12 +75,12 @@ def write(args, samples: list[dict], start: float, torch_version: str) -> dict:
     configs = ["full", *args.configs]
     summary = {c: summarize([s["configs"][c] for s in samples]) for c in configs}
     result = {
-        "command": " ".join(sys.argv),
-        "model": args.model,
+        "command": portable(" ".join(sys.argv)),
+        "model": portable(args.model),
         "machine": platform.platform(),
         "torch": torch_version,
         "seconds": round(time.time() - start, 1),
-        "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
+        "settings": {k: portable(v) if isinstance(v, (str, Path)) else v for k, v in vars(args).items()},
         "summary": summary,
         "samples": samples,
     }

@@ -12,7 +12,7 @@ documents, and `distractors` facts of the same kind about other objects (other v
 documents; the documents are shuffled; the question asks about the planted fact; the gold answer
 is the planted value.
 
-**MuSiQue** (`musique_set`): `musique_s.json` (see `/work/shared/data/README.md`; never
+**MuSiQue** (`musique_set`): `musique_s.json` (the MuSiQue subset of CacheBlend's evaluation; never
 committed): per item the question, the gold answers and the first `docs` of its 10 passages in
 the file's order; `doc_tokens` cuts each passage to its first `doc_tokens` tokens.
 
