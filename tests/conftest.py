@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 MODELS = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
 
 # The CPU backend reserves this many GiB for the paged KV cache; keep engines small.
@@ -80,7 +81,7 @@ def scheduled_requests(tiny_llama_llm):
 @pytest.fixture(scope="session")
 def tiny_llama_server(models_dir: Path, tmp_path_factory):
     """A real patched `vllm serve` process on the tiny Llama model; yields its base URL."""
-    from server_utils import vllm_server
+    from tests.helpers.server_utils import vllm_server
 
     with vllm_server(models_dir / "tiny-llama", tmp_path_factory.mktemp("server") / "vllm-serve.log") as url:
         yield url
@@ -89,6 +90,6 @@ def tiny_llama_server(models_dir: Path, tmp_path_factory):
 @pytest.fixture(scope="session")
 def client(tiny_llama_server):
     """An `openai` client of `tiny_llama_server` (no retries, every call timed out)."""
-    from server_utils import client
+    from tests.helpers.server_utils import client
 
     return client(tiny_llama_server)

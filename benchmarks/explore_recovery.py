@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Which recovery mode wins answers back? Candidate modes measured with HF transformers.
+
+Runs the HF forms of `tests/helpers/hf_recovery.py` (the chunk layouts and candidate recovery modes as
+explicit load/compute plans; fp32, eager attention) on a real model and a question set, and
+reports per configuration (layout x mode): agreement with full attention (identical greedy
+answer), the exact KL divergence of the first answer token's distribution from full attention's
+(whole vocabulary), F1 / exact match / gold-contained against the gold answers, and the warm
+recompute fraction (prompt tokens computed / prompt tokens, when every document is cached).
+
+    .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \\
+        --max-tokens 20 --out benchmarks/recovery_hf_synthetic.json
+    .venv/bin/python -m benchmarks.explore_recovery --data musique_s.json --limit 12 \\
+        --docs 4 --doc-tokens 256 --max-tokens 20 --configs overlap/plain sequential/plain \\
+        sequential/suffix:last sequential/epic:8 sequential/epic:32 sequential/defer-epic:32 \\
+        sequential/defer-blend:0.15 --out benchmarks/recovery_hf_musique.json
+
+`--configs` takes `layout/mode` (modes: `tests/helpers/hf_recovery.py`). The JSON is rewritten after
+every question.
+
+Prompts, question sets and scores: `benchmarks/quality_data.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import quality_data as qd
+from benchmarks.serve_util import portable
+
+REPO = Path(__file__).resolve().parent.parent
+
+DEFAULT_CONFIGS = [
+    "overlap/plain",
+    "sequential/plain",
+    "overlap/suffix:64",
+    "overlap/suffix:last",
+    "sequential/suffix:16",
+    "sequential/suffix:64",
+    "sequential/suffix:last",
+    "sequential/epic:8",
+    "sequential/epic:32",
+]
+"""`blend:r` (e.g. `sequential/blend:0.15`) is available but slow here: its scattered tokens are
+one forward each."""
+
+
+def summarize(rows: list[dict]) -> dict:
+    def mean(key):
+        return statistics.fmean(r[key] for r in rows) if rows else None
+
+    kls = [r["kl"] for r in rows]
+    return {
+        "n": len(rows),
+        "f1": mean("f1"),
+        "em": mean("em"),
+        "contains": mean("contains"),
+        "agreement": mean("agree"),
+        "kl_mean": mean("kl"),
+        "kl_median": statistics.median(kls) if kls else None,
+        "recompute_fraction": mean("recompute"),
+    }
+
+
+def write(args, samples: list[dict], start: float, torch_version: str) -> dict:
+    """Write the JSON (after every sample, so a long run can be read while it goes on)."""
+    configs = ["full", *args.configs]
+    summary = {c: summarize([s["configs"][c] for s in samples]) for c in configs}
+    result = {
+        "command": portable(" ".join(sys.argv)),
+        "model": portable(args.model),
+        "machine": platform.platform(),
+        "torch": torch_version,
+        "seconds": round(time.time() - start, 1),
+        "settings": {k: portable(v) if isinstance(v, (str, Path)) else v for k, v in vars(args).items()},
+        "summary": summary,
+        "samples": samples,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(REPO / ".models" / "smollm2-135m"))
+    ap.add_argument("--synthetic", type=int, default=0, help="N synthetic questions")
+    ap.add_argument("--data", help="musique_s.json")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--docs", type=int, default=5)
+    ap.add_argument("--doc-tokens", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument(
+        "--configs", nargs="+", default=DEFAULT_CONFIGS, help="layout/mode, e.g. sequential/suffix:64"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: on a shared 2-core machine, more threads spin, 5-10x slower)",
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from tests.helpers import hf_recovery as hr
+    from tests.helpers.hf_reference import load
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = load(args.model)
+    if args.data:
+        items = qd.musique_set(args.data, limit=args.limit, docs=args.docs)
+        cut = args.doc_tokens
+    else:
+        items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
+        items = items[: args.limit] if args.limit else items
+        cut = None
+    eos = tok.eos_token_id
+    samples = []
+    start = time.time()
+    for n, item in enumerate(items):
+        p = qd.build_prompt(tok, item, doc_tokens=cut)
+        full, full_keys = hr.run_full(model, p.ids, args.max_tokens, eos)
+        kv = hr.chunk_kv(model, p.ids, p.sys_len, p.chunk_lens)
+        full_text = tok.decode(full.tokens, skip_special_tokens=True).strip()
+        text = {} if args.data else {"question": item.question, "answers": item.answers}  # no MuSiQue text
+        sample = {
+            "qid": item.qid,
+            **text,
+            "prompt_tokens": len(p.ids),
+            "sys_len": p.sys_len,
+            "chunk_lens": p.chunk_lens,
+            "configs": {
+                "full": {
+                    "answer": full_text,
+                    "tokens": full.tokens,
+                    "kl": 0.0,
+                    "agree": 1.0,
+                    "recompute": 1.0,
+                }
+            },
+        }
+        deviation = {}
+        for config in args.configs:
+            layout, mode = config.split("/")
+            if "blend" in mode and layout not in deviation:
+                deviation[layout] = hr.key_deviation(model, kv, full_keys, p.sys_len, p.chunk_lens, layout)
+            compute = hr.recompute_set(mode, p.sys_len, p.chunk_lens, deviation.get(layout))
+            out = hr.run(
+                model,
+                p.ids,
+                p.sys_len,
+                p.chunk_lens,
+                layout,
+                compute,
+                kv,
+                args.max_tokens,
+                eos,
+                defer=mode.startswith("defer-"),
+            )
+            sample["configs"][config] = {
+                "answer": tok.decode(out.tokens, skip_special_tokens=True).strip(),
+                "tokens": out.tokens,
+                "kl": hr.kl(full.first_logprobs, out.first_logprobs),
+                "agree": float(out.tokens == full.tokens),
+                "recompute": out.computed / len(p.ids),
+            }
+        for row in sample["configs"].values():
+            row["f1"] = qd.best(qd.f1, row["answer"], item.answers)
+            row["em"] = qd.best(qd.exact_match, row["answer"], item.answers)
+            row["contains"] = qd.best(qd.contains, row["answer"], item.answers)
+        samples.append(sample)
+        write(args, samples, start, torch.__version__)
+        agree = " ".join(
+            f"{c.split('/')[0][:3]}/{c.split('/')[1]}={int(sample['configs'][c]['agree'])}"
+            for c in args.configs
+        )
+        print(
+            f"[{n + 1}/{len(items)}] {time.time() - start:.0f}s gold={item.answers[0]!r} "
+            f"full={full_text!r} "
+            f"{agree}",
+            flush=True,
+        )
+    configs = ["full", *args.configs]
+    summary = write(args, samples, start, torch.__version__)
+    print(
+        f"{'config':28s} {'n':>4s} {'agree':>6s} {'KL mean':>8s} {'KL med':>7s} {'F1':>6s} {'EM':>6s} "
+        f"{'contains':>8s} {'recompute':>9s}"
+    )
+    for c in configs:
+        s = summary[c]
+        print(
+            f"{c:28s} {s['n']:4d} {s['agreement']:6.3f} {s['kl_mean']:8.4f} {s['kl_median']:7.4f} "
+            f"{s['f1']:6.3f} "
+            f"{s['em']:6.3f} {s['contains']:8.3f} {s['recompute_fraction']:9.3f}"
+        )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

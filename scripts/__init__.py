@@ -1,0 +1,1 @@
+"""Set-up: the README's two commands, the pinned environment and the models."""

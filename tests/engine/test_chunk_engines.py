@@ -1,0 +1,191 @@
+"""The chunk path in engines of their own (one process each): the Qwen2 architecture, a pool
+so small that chunks are evicted, a tiny paged KV cache, and the switch off.
+Answers are checked against the independent HF reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import chunk_cases as cc
+from tests.helpers import engine_runner
+from tests.helpers.engine_runner import run_engine
+
+
+def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap", recovery_docs=0):
+    for prompt, res in zip(prompts, results, strict=True):
+        assert "error" not in res, res
+        exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout, recovery_docs)
+        assert res["prompt_ids"] == exp.token_ids
+        cc.assert_matches(res["tokens"], res["logprobs"], ref, f"{what}: {prompt[:50]}")
+
+
+def test_qwen2_cold_warm_reordered(models_dir: Path):
+    docs = [cc.document(40 + i, 60) for i in range(4)] + [cc.UNICODE_DOC]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first?"),
+        cc.chunked(cc.SYS, [docs[3], docs[4]], "Which is French?"),
+        cc.chunked(cc.SYS, [cc.document(60, 700)], "Long one?"),
+    ]
+    reordered = [
+        cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
+        cc.chunked(cc.SYS, [docs[4], docs[1], docs[3]], "Mixed?"),
+    ]
+    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered}]
+    result = run_engine(models_dir / "tiny-qwen2", rounds)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-qwen2")
+    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
+        check_round(model, raw_tok, rnd["prompts"], res, 8, what)
+    cold, warm, reord = result["states"]
+    assert (cold["hits"], cold["misses"]) == (0, 6)
+    assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
+    assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (6, 0)
+    assert reord["pinned_entries"] == 0
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama3"])
+def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
+    """Chunks at the positions of the plain concatenation: cached keys re-rotated on load
+    (tiny-llama3: Llama3 rope scaling, so the rescaled frequency bands are exercised)."""
+    docs = [cc.document(140 + i, 80 + 30 * i) for i in range(4)] + [cc.UNICODE_DOC]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first?"),
+        cc.chunked(cc.SYS, [docs[3], docs[4], docs[0]], "Which is French?"),
+    ]
+    reordered = [
+        cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
+        cc.chunked(cc.SYS, [docs[4], docs[1], docs[3], docs[2]], "Mixed?"),
+    ]
+    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True}]
+    result = run_engine(models_dir / name, rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "sequential"})
+    model, raw_tok = cc.reference_tools(models_dir, name)
+    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
+        check_round(model, raw_tok, rnd["prompts"], res, 8, f"{name} sequential {what}", "sequential")
+    cold, warm, reord = result["states"]
+    assert (cold["hits"], cold["misses"]) == (1, 5)  # docs[0] planned by the first request
+    assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
+    assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (7, 0)
+
+
+def test_recovery_last_in_the_sequential_layout(models_dir: Path):
+    """`VLLM_CHUNK_CACHE_RECOVERY=last`: every request computes its last document with its question
+    (never loads or stores it); a request can ask for `none` and gets plain `sequential`."""
+    docs = [cc.document(300 + i, 60 + 20 * i) for i in range(4)]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first?"),
+        cc.chunked(cc.SYS, [docs[3], docs[0]], "And?"),
+        cc.chunked(cc.SYS, [docs[1]], "One document only?"),
+    ]
+    reordered = [cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?")]
+    rounds = [
+        {"prompts": first},
+        {"prompts": first},
+        {"prompts": reordered, "batch": True},
+        {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}},
+    ]
+    env = {"VLLM_CHUNK_CACHE_LAYOUT": "sequential", "VLLM_CHUNK_CACHE_RECOVERY": "last"}
+    result = run_engine(models_dir / "tiny-llama", rounds, env=env)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    for rnd, res, what in zip(rounds[:3], result["rounds"], ["cold", "warm", "reordered"], strict=False):
+        check_round(model, raw_tok, rnd["prompts"], res, 8, f"last {what}", "sequential", 1)
+    check_round(model, raw_tok, first[:1], result["rounds"][3], 8, "none per request", "sequential")
+    counts = [(s["hits"], s["misses"]) for s in result["states"]]
+    steps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip([(0, 0), *counts], counts, strict=False)]
+    assert steps == [(0, 3), (3, 0), (1, 1), (3, 0)]  # the last documents are never looked up
+
+
+# A 32-page (512-token) pool: every request nearly fills it, so chunks are evicted all the time;
+# a 700-token paged KV cache: requests queue for blocks while chunks are pinned.
+SMALL = {"VLLM_CHUNK_CACHE_SIZE_GB": str(32 * 16 * 1024 / 2**30)}
+SMALL_ENGINE = {"max_model_len": 700, "num_gpu_blocks_override": 6}
+
+
+def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
+    docs = [cc.document(80 + i, 100) for i in range(9)]
+    sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [2, 0, 1], [5, 8]]
+    evicting = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
+    preempting = [cc.chunked(cc.SYS, [docs[i], docs[i + 1]], "Tell me more.") for i in (0, 3, 6)]
+    aborted = [cc.chunked(cc.SYS, [docs[i], docs[(i + 4) % 9]], "Abort?") for i in range(4)]
+    too_big = cc.chunked(cc.SYS, [docs[i] for i in range(5)], "Too many?")
+    rounds = [
+        {"prompts": evicting},
+        {"prompts": evicting, "batch": True},
+        {"prompts": preempting, "batch": True, "max_tokens": 160},
+        {"prompts": aborted, "abort": True, "max_tokens": 64},
+        {"prompts": [too_big]},
+        {"prompts": evicting[:1]},
+    ]
+    result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE, SMALL)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, evicting, result["rounds"][0], 8, "one by one")
+    check_round(model, raw_tok, evicting, result["rounds"][1], 8, "batched, pool contended")
+    check_round(model, raw_tok, preempting, result["rounds"][2], 160, "long generations, 700-token KV cache")
+    assert "VLLM_CHUNK_CACHE_SIZE_GB" in result["rounds"][4][0]["error"]
+    check_round(model, raw_tok, evicting[:1], result["rounds"][5], 8, "still serving")
+
+    states = result["states"]
+    assert states[0]["evictions"] > 0
+    for state in states:  # nothing leaks: only the LRU holds pages, nothing pinned between rounds
+        assert state["pinned_entries"] == 0 and state["pending_entries"] == 0
+        assert state["used_pages"] == state["entry_pages"] <= 32
+        assert state["users"] == 0 and state["prefills"] == 0
+
+
+def test_a_request_the_pool_cannot_take_yet_does_not_hold_up_a_cached_one(models_dir: Path):
+    """Head-of-line: B needs more pool than is free while A's documents are computed, so B waits;
+    C, behind B, has every document cached and is served from the pool at once (before the fix
+    it waited behind B, whose documents then evicted C's, and C computed its document again)."""
+    docs = [cc.document(80 + i, 100) for i in range(6)]  # ~110 tokens: 7 of the 32 pool pages
+    cached = cc.chunked(cc.SYS, [docs[0]], "First question?")  # SYS (3 pages) + 7 pages
+    a = cc.chunked(cc.SYS, docs[1:3], "What do A's documents say?")  # 14 new pages: 8 left
+    b = cc.chunked(cc.SYS, docs[3:6], "And B's?")  # 21 new pages: only 8 free + 7 evictable
+    c = cc.chunked(cc.SYS, [docs[0]], "Second question?")
+    rounds = [{"prompts": [cached]}, {"prompts": [a, b, c], "batch": True}]
+    result = run_engine(models_dir / "tiny-llama", rounds, {"max_model_len": 700}, SMALL)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, [a, b, c], result["rounds"][1], 8, "blocked head")
+    before, after = result["states"]
+    assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (1, 5)
+    assert after["pinned_entries"] == 0 and after["users"] == 0 and after["prefills"] == 0
+
+
+def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path):
+    """Short chunked prompts with long generations in a 6-block KV cache: several are admitted at
+    once, their decodes outgrow the cache, and vLLM preempts some; they plan and load again."""
+    docs = [cc.document(200 + i, 30) for i in range(6)]
+    prompts = [cc.chunked(cc.SYS, [docs[i], docs[(i + 1) % 6]], f"Go on {i}.") for i in range(4)]
+    rounds = [{"prompts": prompts, "batch": True, "max_tokens": 240}]
+    result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE)
+    assert result["states"][0]["preemptions"] > 0, result["states"]
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, prompts, result["rounds"][0], 240, "preempted")
+    state = result["states"][0]
+    assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0
+
+
+def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path):
+    """Ordinary prompts: the same tokens with the chunk cache on and off (= unpatched vLLM)."""
+    prompts = ["An ordinary prompt about ferries.", "One # # delimiter only.", cc.document(9, 300)]
+    rounds = [{"prompts": prompts, "batch": True}]
+    on = run_engine(models_dir / "tiny-llama", rounds)
+    off = run_engine(models_dir / "tiny-llama", rounds, env={"VLLM_ENABLE_CHUNK_CACHE": "false"})
+    assert on["rounds"] == off["rounds"]
+    assert off["states"][0] == {"preemptions": 0}  # no chunk cache in that engine at all
+
+
+@pytest.mark.parametrize("name", ["tiny-llama"])
+def test_engine_refuses_a_pool_larger_than_its_kv_budget(models_dir: Path, name: str):
+    run = subprocess.run(
+        [sys.executable, engine_runner.__file__, json.dumps({"model": str(models_dir / name), "rounds": []})],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_CHUNK_CACHE_SIZE_GB": "4", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    assert run.returncode != 0
+    assert "VLLM_CHUNK_CACHE_SIZE_GB=4 leaves no memory for the paged KV cache" in run.stdout + run.stderr

@@ -1,0 +1,185 @@
+"""The chunk path on a CUDA GPU in the mode deployments run: bfloat16, vLLM's defaults (torch.compile,
+CUDA graphs FULL_AND_PIECEWISE, async scheduling), checked against the independent HF reference.
+
+Skipped without CUDA (marker `cuda`). `CHUNK_CACHE_GPU_TESTS_ON_CPU=1` runs the same cases on the
+CPU engine in float32, to check the plumbing where no GPU is at hand (the CPU platform turns
+graphs and async scheduling off, so that says nothing about them).
+
+Tolerance, derived in each engine rather than fixed: the first round sends ordinary prompts (no
+chunk path at all), and the largest |logprob(vLLM) - logprob(HF float32)| over their greedy steps
+is the engine's own numerical noise `delta` (bf16 weights and activations, fused kernels). Chunked
+prompts must then match the reference to `tol = max(4 * delta, 2e-3)`: a loaded chunk is a copy
+of K/V the engine computed itself, so the chunk path may add no error of its own, and the factor 4
+covers the longer contexts of the chunked prompts. Tokens must be equal, except that after a step
+where the reference's top-1/top-2 log-probability gap is below `2 * tol` (a near-tie that bf16
+noise may flip) the rest of that answer is not compared. `delta` itself must stay below 0.25.
+The numbers go to `$CHUNK_CACHE_GPU_REPORT` (JSON) when it is set. `CHUNK_CACHE_GPU_ATTENTION_BACKEND`
+(e.g. `TRITON_ATTN`) overrides vLLM's choice of attention backend (FlashAttention 3 on Hopper in bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import chunk_cases as cc
+from tests.helpers import hf_reference
+from tests.helpers.engine_runner import run_engine
+
+ON_CPU = os.environ.get("CHUNK_CACHE_GPU_TESTS_ON_CPU") == "1"
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU), reason="needs a CUDA GPU"),
+]
+DTYPE = "float32" if ON_CPU else "bfloat16"
+# Small engines: a 4096-token context, a little of the GPU's memory (the pool is carved out of it).
+ENGINE = {"max_model_len": 4096} if ON_CPU else {"max_model_len": 4096, "gpu_memory_utilization": 0.25}
+if backend := os.environ.get("CHUNK_CACHE_GPU_ATTENTION_BACKEND"):  # e.g. TRITON_ATTN
+    ENGINE["attention_config"] = {"backend": backend}
+ENV = {"VLLM_CHUNK_CACHE_SIZE_GB": "0.25"}
+REPORT = os.environ.get("CHUNK_CACHE_GPU_REPORT")
+
+
+def record(name: str, data: dict) -> None:
+    if not REPORT:
+        return
+    path = Path(REPORT)
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[name] = data
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def compare(res: dict, ref: hf_reference.Reference, tol: float, what: str) -> dict:
+    """Tokens equal and logprobs within `tol` until the first near-tie the engine resolves the
+    other way; returns how many steps were compared and where it stopped."""
+    assert "error" not in res, f"{what}: {res}"
+    worst = 0.0
+    for step, (tok, lp) in enumerate(zip(res["tokens"], res["logprobs"], strict=True)):
+        if tok != ref.tokens[step]:
+            assert ref.gaps[step] < 2 * tol, (
+                f"{what}: token {step} is {tok}, the reference's {ref.tokens[step]} leads by "
+                f"{ref.gaps[step]:.4f} (> 2 x tol {tol:.4f})"
+            )
+            return {"steps": step, "stopped_at_near_tie": step, "worst": worst}
+        worst = max(worst, abs(lp - ref.logprobs[step]))
+        assert abs(lp - ref.logprobs[step]) <= tol, (
+            f"{what}: logprob of step {step} is {lp:.5f}, reference {ref.logprobs[step]:.5f} (tol {tol:.4f})"
+        )
+    return {"steps": len(res["tokens"]), "stopped_at_near_tie": None, "worst": worst}
+
+
+def noise(model, results: list[dict]) -> float:
+    """Largest logprob difference on ordinary prompts, before any token differs."""
+    delta = 0.0
+    for res in results:
+        ref = hf_reference.greedy(model, res["prompt_ids"], len(res["tokens"]))
+        for step, (tok, lp) in enumerate(zip(res["tokens"], res["logprobs"], strict=True)):
+            if tok != ref.tokens[step]:
+                break
+            delta = max(delta, abs(lp - ref.logprobs[step]))
+    return delta
+
+
+def token_prompt(sys_ids: list[int], chunks: list[list[int]], q_ids: list[int]) -> dict:
+    return {
+        "prompt_token_ids": sys_ids + [t for c in chunks for t in c] + q_ids,
+        "chunk_spans": {"sys_len": len(sys_ids), "chunk_lens": [len(c) for c in chunks]},
+    }
+
+
+def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_reference.Reference:
+    if isinstance(prompt, dict):
+        ids, spans = prompt["prompt_token_ids"], prompt["chunk_spans"]
+        sys_len, chunk_lens = spans["sys_len"], spans["chunk_lens"]
+    else:
+        exp = cc.expected_structure(raw_tok, prompt)
+        ids, sys_len, chunk_lens = exp.token_ids, exp.sys_len, exp.chunk_lens
+    # An ordinary prompt (no documents) is plain causal decoding in either layout.
+    return hf_reference.greedy(
+        model,
+        ids,
+        max_tokens,
+        sys_len=sys_len,
+        chunk_lens=chunk_lens,
+        layout=layout if chunk_lens else "overlap",
+    )
+
+
+def check_engine(name: str, models_dir: Path, layout: str) -> None:
+    model, raw_tok = cc.reference_tools(models_dir, name)
+    ordinary = [cc.document(300 + i, 120) for i in range(3)]
+    docs = [cc.document(310 + i, 90) for i in range(4)] + [cc.UNICODE_DOC]
+    cold = [cc.chunked(cc.SYS, docs[:3], "What is first?"), cc.chunked(cc.SYS, docs[2:], "Which is French?")]
+    reordered = [
+        cc.chunked(cc.SYS, [docs[4], docs[0], docs[2]], "Mixed?"),
+        cc.chunked(cc.SYS, [docs[1], docs[3]], "Two?"),
+    ]
+    # 1-token capture steps: a SYS of exactly one 16-token page, cached first, then documents of
+    # one token each whose chunk prefills (SYS from the prefix cache, one token computed) join a
+    # batch of decodes, so the step holding them has one query token per request: vLLM's
+    # full-graph case. Also a BOS-only SYS ("# # doc # # question"), a 1-token SYS prefill.
+    sys16 = raw_tok.encode(cc.SYS + " " + cc.SYS).ids[:16]
+    letters = [raw_tok.encode(ch, add_special_tokens=False).ids for ch in "qxzjkv"]
+    letters = [ids for ids in letters if len(ids) == 1]
+    q_ids = raw_tok.encode(" And now?", add_special_tokens=False).ids
+    seed_sys = token_prompt(sys16, [raw_tok.encode(" seed doc", add_special_tokens=False).ids], q_ids)
+    late = [token_prompt(sys16, [ids], q_ids) for ids in letters[:4]] + [
+        cc.chunked("", [cc.document(330, 40)], "Empty system?")
+    ]
+    reuse = [
+        token_prompt(sys16, [letters[2], letters[0], letters[1]], q_ids),
+        cc.chunked("", [cc.document(330, 40)], "Empty system, again?"),
+    ]
+    rounds = [
+        {"prompts": ordinary, "batch": True, "max_tokens": 24},
+        {"prompts": cold, "max_tokens": 16},
+        {"prompts": cold, "max_tokens": 16},
+        {"prompts": reordered, "batch": True, "max_tokens": 16},
+        {"prompts": [seed_sys], "max_tokens": 4},
+        {"prompts": ordinary[:2], "late": late, "late_after": 6, "max_tokens": 48},
+        {"prompts": reuse, "batch": True, "max_tokens": 16},
+    ]
+    env = {**ENV, "VLLM_CHUNK_CACHE_LAYOUT": layout}
+    result = run_engine(models_dir / name, rounds, ENGINE, env, dtype=DTYPE)
+    delta = noise(model, result["rounds"][0])
+    assert delta < 0.25, f"{name}: the engine is {delta:.3f} from the reference on ordinary prompts"
+    tol = max(4 * delta, 2e-3)
+    compared = []
+    for r, (rnd, res) in enumerate(zip(rounds, result["rounds"], strict=True)):
+        if r == 0:
+            continue
+        for prompt, out in zip(rnd["prompts"] + rnd.get("late", []), res, strict=True):
+            ref = reference_of(model, raw_tok, prompt, len(out["tokens"]), layout)
+            compared.append(compare(out, ref, tol, f"{name} {layout} round {r}"))
+    for state in result["states"]:
+        assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0, state
+    record(
+        f"{name}-{layout}",
+        {
+            "engine": result["engine"],
+            "delta": delta,
+            "tol": tol,
+            "answers": len(compared),
+            "steps": sum(c["steps"] for c in compared),
+            "near_tie_stops": sum(c["stopped_at_near_tie"] is not None for c in compared),
+            "worst_logprob_diff": max(c["worst"] for c in compared),
+            "states": result["states"],
+        },
+    )
+    if not ON_CPU:
+        assert result["engine"]["dtype"] == "torch.bfloat16"
+        assert not result["engine"]["enforce_eager"], result["engine"]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_overlap_in_bf16_with_graphs_and_async_scheduling(models_dir: Path, name: str):
+    check_engine(name, models_dir, "overlap")
+
+
+def test_sequential_in_bf16_loads_through_the_triton_kernel(models_dir: Path):
+    """Llama3 rope scaling: the loads re-rotate keys in the fused Triton kernel inside the engine."""
+    check_engine("tiny-llama3", models_dir, "sequential")

@@ -1,0 +1,51 @@
+"""A real `vllm serve` process for the tests, and what the tests read from it (every call timed out)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from benchmarks.serve_util import VllmServer, openai_client, scrape
+from benchmarks.serve_util import requests_in_flight as requests_in_flight  # (re-exported)
+
+TIMEOUT = 60
+"""Seconds any single client call may take: a hang fails the test instead of stalling CI."""
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0); yields its URL."""
+    args = [
+        "--served-model-name",
+        "tiny-llama",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "4096",
+        "--seed",
+        "0",
+    ]
+    with VllmServer(model_dir, args, env=env, log_path=log) as server:
+        yield server.url
+
+
+def client(url: str, **kwargs):
+    """An `openai.OpenAI` client that never retries (a dropped connection is an error) or hangs."""
+    return openai_client(url, TIMEOUT, **kwargs)
+
+
+def metrics(url: str):
+    """The chunk cache metrics of the server (`vllm_ascend_chunk.metrics.ChunkCacheMetrics`)."""
+    from vllm_ascend_chunk.metrics import ChunkCacheMetrics
+
+    return ChunkCacheMetrics.from_prometheus_text(scrape(url))
+
+
+def wait_metrics(url: str, ready: Callable[[object], bool], timeout: float = 10.0):
+    """Poll `/metrics` until `ready(metrics)` (they trail a response by an engine step); the last scrape."""
+    deadline = time.monotonic() + timeout
+    while not ready(m := metrics(url)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return m

@@ -1,0 +1,2 @@
+"""A real `vllm serve` process and the `openai` client (most tests also compare with the shared
+offline engine)."""

@@ -1,0 +1,26 @@
+"""A CI-sized slice of the long fuzz (`tools/fuzz_server.py`, same code): 60 random requests,
+4 in flight, on its own small-pool, short-context server. Every answer is a 200 or a 4xx with a
+message, the server stays healthy and keeps its connections, deterministic answers equal those
+given alone, and nothing stays pinned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers import server_utils
+from tools import fuzz_server
+
+# No `seed`: vLLM 0.23's CPU sampler kills the server on a seeded request whose prefill spans
+# steps ("CPU Generator does not use offset") and ignores seeds in batches mixed with unseeded
+# requests, with the chunk cache off too (README "Long fuzz"); CPU-platform bugs, not ours.
+SETTINGS = fuzz_server.FuzzSettings(
+    seed=56, requests=60, concurrency=4, timeout=server_utils.TIMEOUT, max_deaths=0, skip=("seed",)
+)
+
+
+def test_fuzz_slice(models_dir: Path, tmp_path: Path):
+    start = fuzz_server.server_factory(models_dir / "tiny-llama", SETTINGS, tmp_path / "vllm-serve.log")
+    with fuzz_server.Target(start=start) as target:
+        report = fuzz_server.fuzz(target, SETTINGS)
+    assert report.counts["requests"] == SETTINGS.requests, fuzz_server.summary(report)
+    assert not report.failing(), fuzz_server.summary(report)

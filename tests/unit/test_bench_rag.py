@@ -1,0 +1,95 @@
+"""benchmarks/bench_rag.py without servers: presets, server settings, concurrency streams, targets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_rag, rag_workload
+
+
+def args_for(*argv: str):
+    args = bench_rag.build_parser().parse_args(list(argv))
+    bench_rag.resolve_defaults(args)
+    args.served_name = args.model.name
+    return args
+
+
+def test_the_default_workload_is_the_one_the_committed_results_used():
+    requests = [asdict(r) for r in rag_workload.build_workload().requests]
+    digest = hashlib.sha256(json.dumps(requests).encode()).hexdigest()
+    assert digest == "0c980917e3ec4456f9cfeff26ca92ab7133857016e520298b9d09feac8a026f9"
+
+
+def test_long_preset():
+    args = args_for("--long")
+    assert (args.doc_tokens, tuple(args.sweep_sizes), args.max_model_len) == (1024, (1, 8, 32), 40960)
+    assert args.configs == "no_cache,chunk" and args.out.name == "rag_cpu_long.json"
+    w = bench_rag.workload_from_args(args)
+    assert {r.phase for r in w.requests} == {"warmup", "sweep"}
+    assert max(len(r.doc_ids) for r in w.requests) == 32
+    explicit = args_for("--long", "--doc-tokens", "256", "--configs", "chunk")
+    assert explicit.doc_tokens == 256 and explicit.configs == "chunk"
+
+
+def test_concurrency_streams_are_fresh_and_the_same_for_every_configuration():
+    args = args_for("--concurrency-only", "--concurrency", "16,64", "--concurrency-requests", "40")
+    w = bench_rag.workload_from_args(args)
+    assert {r.phase for r in w.requests} == {"warmup"}
+    a, b = bench_rag.concurrency_streams(args, w), bench_rag.concurrency_streams(args, w)
+    assert [asdict(r) for r in a[16]] == [asdict(r) for r in b[16]]
+    assert len(a[16]) == len(a[64]) == 40
+    assert [r.doc_ids for r in a[16]] != [r.doc_ids for r in a[64]]
+    questions = [r.question_seed for level in a.values() for r in level]
+    assert len(set(questions)) == len(questions)
+    assert all(
+        rag_workload.STREAM_SEEDS <= d < rag_workload.STREAM_SEEDS + 48
+        for level in a.values()
+        for r in level
+        for d in r.doc_ids
+    )
+
+
+def test_every_configuration_gets_the_same_cpu_reservation(tmp_path: Path):
+    args = args_for("--model", str(tmp_path))
+    envs = [bench_rag.server_env(c, args) for c in bench_rag.CONFIGS]
+    assert {e["VLLM_CPU_NUM_OF_RESERVED_CPU"] for e in envs} == {"1"}
+    assert [e["VLLM_ENABLE_CHUNK_CACHE"] for e in envs] == ["false", "false", "true"]
+
+
+def test_a_longer_context_than_the_model_knows_overrides_its_positions(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 16384}))
+    short = bench_rag.server_args("chunk", args_for("--model", str(tmp_path)))
+    assert "--hf-overrides" not in short
+    long = bench_rag.server_args("chunk", args_for("--model", str(tmp_path), "--long"))
+    assert json.loads(long[long.index("--hf-overrides") + 1]) == {"max_position_embeddings": 40960}
+
+
+def sample(phase, label, n_docs, ttft):
+    return {"phase": phase, "label": label, "n_docs": n_docs, "ttft_ms": ttft}
+
+
+def test_targets_long_concurrency_and_itl():
+    results = {
+        "no_cache": {"samples": [sample("sweep", "cold", 32, 50_000), sample("sweep", "warm", 32, 60_000)]},
+        "prefix": {
+            "samples": [sample("warmup", "cold", 4, 10)],
+            "concurrency": {"64": {"requests_per_s": 1.0}, "16": {"requests_per_s": 2.0}},
+        },
+        "chunk": {
+            "samples": [sample("sweep", "cold", 32, 9_000), sample("sweep", "warm", 32, 500)],
+            "concurrency": {"64": {"requests_per_s": 6.0}, "16": {"requests_per_s": 8.0}},
+        },
+    }
+    itl = {"summary": {"ordinary_overhead_paired_median": 0.025, "chunked_overhead_paired_median": -0.1}}
+    t = bench_rag.targets(results, long=True, itl=itl)
+    assert t["warm_speedup"]["value"] == pytest.approx(120) and t["warm_speedup"]["pass"]
+    assert t["cold_overhead"]["value"] == pytest.approx(0.18)
+    assert "shuffled_speedup" not in t
+    assert t["throughput_speedup_64"]["value"] == pytest.approx(6) and t["throughput_speedup_64"]["pass"]
+    assert t["throughput_speedup_16"]["value"] == pytest.approx(4) and not t["throughput_speedup_16"]["pass"]
+    assert not t["itl_overhead_ordinary"]["pass"] and t["itl_overhead_chunked"]["pass"]

@@ -1,0 +1,209 @@
+"""Engine configuration on real `VllmConfig`s built from tiny local configs (no weights, no hub).
+
+Models the chunk cache cannot serve (hybrid, attention-free, sliding-window, chunked local
+attention) start with it off and one warning, and keep vLLM's hybrid KV cache manager; models it
+serves keep that manager too (the connector is `SupportsHMA`); unsupported modes are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_ascend_chunk import engine_config
+
+COMMON = {
+    "vocab_size": 2048,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "max_position_embeddings": 1024,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+    "torch_dtype": "float32",
+}
+MAMBA_STATE = {"mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2}
+NOT_APPLICABLE = {
+    "mamba": (
+        {
+            "architectures": ["MambaForCausalLM"],
+            "model_type": "mamba",
+            "state_size": 8,
+            "expand": 2,
+            "conv_kernel": 4,
+        },
+        "attention-free",
+    ),
+    "jamba": (
+        {
+            "architectures": ["JambaForCausalLM"],
+            "model_type": "jamba",
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 1,
+            "num_experts_per_tok": 1,
+            "mamba_dt_rank": 8,
+            **MAMBA_STATE,
+        },
+        "hybrid",
+    ),
+    "granite-4.0-h": (
+        {
+            "architectures": ["GraniteMoeHybridForCausalLM"],
+            "model_type": "granitemoehybrid",
+            "layer_types": ["mamba", "attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_n_groups": 1,
+            "num_local_experts": 0,
+            "shared_intermediate_size": 128,
+            "position_embedding_type": "rope",
+            **MAMBA_STATE,
+        },
+        "hybrid",
+    ),
+    "qwen3-next": (
+        {
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+        "hybrid",
+    ),
+    "mistral-sliding": (
+        {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64},
+        "sliding-window",
+    ),
+    "gemma2": (
+        {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "sliding_window": 64,
+            "query_pre_attn_scalar": 16,
+        },
+        "sliding-window",
+    ),
+    "gpt-oss": (
+        {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+        },
+        "sliding-window",
+    ),
+    "llama4-chunked": (
+        {
+            "architectures": ["Llama4ForCausalLM"],
+            "model_type": "llama4_text",
+            "attention_chunk_size": 64,
+            "intermediate_size_mlp": 128,
+            "num_local_experts": 1,
+            "interleave_moe_layer_step": 1,
+            "no_rope_layers": [1, 1],
+        },
+        "chunked local attention",
+    ),
+}
+
+
+def write_model(root: Path, tokenizer_dir: Path, config: dict) -> Path:
+    """A model folder with `config.json` (no weights) and the tiny models' tokenizer."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({**COMMON, **config}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tokenizer_dir / name, root / name)
+    return root
+
+
+def engine_config_of(model: Path, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(model), max_model_len=512, **kwargs).create_engine_config()
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def chunk_warnings():
+    """Warnings of the chunk cache's logger (vLLM's loggers do not propagate to caplog)."""
+    import vllm.logger  # noqa: F401  (its logging set-up clears the handlers of "vllm.*" loggers)
+
+    handler = Warnings()
+    engine_config.logger.addHandler(handler)
+    yield handler.messages
+    engine_config.logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("name", NOT_APPLICABLE)
+def test_models_it_cannot_serve_start_with_it_off(name, tmp_path, models_dir, chunk_warnings):
+    config, reason = NOT_APPLICABLE[name]
+    vllm_config = engine_config_of(write_model(tmp_path / name, models_dir / "tiny-llama", config))
+    assert not engine_config.is_active(vllm_config)
+    assert vllm_config.kv_transfer_config is None
+    assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert [m for m in chunk_warnings if "Chunk Cache is off" in m] == [
+        f"Chunk Cache is off for this engine: {engine_config._not_applicable(vllm_config)}"
+    ]
+    assert reason in chunk_warnings[0]
+
+
+def test_models_it_serves_keep_the_hybrid_kv_cache_manager(models_dir):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    vllm_config = engine_config_of(models_dir / "tiny-llama")
+    assert engine_config.is_active(vllm_config)
+    assert KVConnectorFactory.supports_hma_config(vllm_config.kv_transfer_config)
+    assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+
+
+def test_micro_batching_is_refused(models_dir):
+    # The CPU platform turns `--enable-dbo` off before the chunk cache sees it; `ubatch_size`
+    # is the other way to micro-batches (`ParallelConfig.use_ubatching`) and stays on.
+    with pytest.raises(ValueError, match="does not support dual-batch overlap"):
+        engine_config_of(models_dir / "tiny-llama", ubatch_size=2, all2all_backend="deepep_low_latency")
+
+
+def test_dual_batch_overlap_is_refused(models_dir):
+    vllm_config = engine_config_of(models_dir / "tiny-llama")
+    vllm_config.parallel_config.enable_dbo = True  # as a CUDA platform leaves it
+    with pytest.raises(engine_config.ChunkCacheSetupError, match="dual-batch overlap"):
+        engine_config._refuse_conflicts(vllm_config)
+
+
+def test_the_connector_needs_one_kv_cache_group():
+    from vllm_ascend_chunk.connector import _single_group
+
+    group = SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=16))
+    assert _single_group(SimpleNamespace(kv_cache_groups=[group])) is group
+    with pytest.raises(ValueError, match="one group, got 2"):
+        _single_group(SimpleNamespace(kv_cache_groups=[group, group]))

@@ -1,0 +1,58 @@
+"""The `last[:K]` recovery mode without an engine: the mode's choice (server-wide switch, request
+key) and the span rewrite that moves the last documents into the question. Through an engine and
+the server: `tests/server/test_recovery.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.frontend import recovery
+from vllm_ascend_chunk.frontend.parser import ChunkPromptError
+from vllm_ascend_chunk.metadata import ChunkSpans
+
+
+class Params:
+    def __init__(self, extra_args=None):
+        self.extra_args = extra_args
+
+
+@pytest.fixture
+def server_mode(monkeypatch):
+    def set_mode(value: str | None):
+        if value is None:
+            monkeypatch.delenv("VLLM_CHUNK_CACHE_RECOVERY", raising=False)
+        else:
+            monkeypatch.setenv("VLLM_CHUNK_CACHE_RECOVERY", value)
+        get_config.cache_clear()
+
+    yield set_mode
+    get_config.cache_clear()
+
+
+def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
+    server_mode(None)
+    assert recovery.requested(Params()) == 0
+    assert recovery.requested(Params({"chunk_cache": False})) == 0
+    server_mode("LAST")
+    assert recovery.requested(None) == 1
+    assert recovery.requested(Params({"chunk_cache_recovery": " None "})) == 0
+    server_mode("none")
+    assert recovery.requested(Params({"chunk_cache_recovery": "last"})) == 1
+    assert recovery.requested(Params({"chunk_cache_recovery": "last:2"})) == 2
+
+
+@pytest.mark.parametrize("value", ["first", "", 1, None, True, ["last"], "last:0", "last:x", "last:"])
+def test_a_bad_request_mode_names_the_key_and_the_choices(value):
+    with pytest.raises(ChunkPromptError, match=r"'chunk_cache_recovery' must be none, last \(= last:1\)"):
+        recovery.requested(Params({"chunk_cache_recovery": value}))
+
+
+def test_the_last_documents_join_the_question():
+    spans = ChunkSpans(sys_len=4, chunk_lens=[5, 6, 7], question_len=3)
+    assert recovery.apply(spans, 0) == spans
+    assert recovery.apply(spans, 1) == ChunkSpans(sys_len=4, chunk_lens=[5, 6], question_len=10)
+    assert recovery.apply(spans, 2) == ChunkSpans(sys_len=4, chunk_lens=[5], question_len=16)
+    assert recovery.apply(spans, 5) == ChunkSpans(sys_len=4, chunk_lens=[], question_len=21)
+    none = ChunkSpans(sys_len=4, chunk_lens=[], question_len=3)
+    assert recovery.apply(none, 1) == none
