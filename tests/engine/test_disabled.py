@@ -22,20 +22,21 @@ if __name__ == "__main__":
 """
 
 
+def run_script(script: str, env: dict, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`python -c script args...` in its own process; its `RESULT {json}` line, parsed."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run, json.loads(run.stdout.split("RESULT ", 1)[1])
+
+
 def test_switch_off_gives_unpatched_tokenization(models_dir: Path):
     from tokenizers import Tokenizer
 
     prompts = ["SYS # # doc one # # doc two # # question?", "An ordinary prompt."]
     env = {**os.environ, "VLLM_ENABLE_CHUNK_CACHE": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(models_dir / "tiny-llama"), json.dumps(prompts)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.split("RESULT ", 1)[1])
+    run, result = run_script(SCRIPT, env, str(models_dir / "tiny-llama"), json.dumps(prompts))
     raw = Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))
     assert result["ids"] == [raw.encode(p).ids for p in prompts]
     assert result["info"] == [None, None]
@@ -85,15 +86,7 @@ def test_engine_it_does_not_apply_to_leaves_the_next_engine_chunking(models_dir:
         "chunk_spans": {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens},
     }
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = subprocess.run(
-        [sys.executable, "-c", TWO_ENGINES, str(models_dir / "tiny-llama"), prompt, json.dumps(spans)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.split("RESULT ", 1)[1])
+    run, result = run_script(TWO_ENGINES, env, str(models_dir / "tiny-llama"), prompt, json.dumps(spans))
     assert "Chunk Cache is off for this engine: runner type 'pooling'" in run.stdout + run.stderr
     assert result["pooling_ids"] == [raw.encode(prompt).ids, exp.token_ids]
     assert result["pooling_info"] == [None, None]

@@ -28,6 +28,16 @@ class Reference:
     gaps: list[float] = field(default_factory=list)
     """Top-1 minus top-2 log-probability at each step (how far greedy is from a tie)."""
 
+    def take(self, logits: torch.Tensor) -> int:
+        """Record the greedy token of one step's logits and return it."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        top2 = logprobs.topk(2).values
+        token = int(logprobs.argmax())
+        self.tokens.append(token)
+        self.logprobs.append(float(logprobs[token]))
+        self.gaps.append(float(top2[0] - top2[1]))
+        return token
+
 
 def segment_ids(sys_len: int, chunk_lens: list[int], total: int) -> torch.Tensor:
     """0 for SYS, i for chunk i (1-based), -1 for the question and generated tokens."""
@@ -90,12 +100,7 @@ def greedy(
             .logits[0, -1]
             .float()
         )
-        logprobs = torch.log_softmax(logits, dim=-1)
-        top2 = logprobs.topk(2).values
-        token = int(logprobs.argmax())
-        out.tokens.append(token)
-        out.logprobs.append(float(logprobs[token]))
-        out.gaps.append(float(top2[0] - top2[1]))
+        token = out.take(logits)
         ids.append(token)
     return out
 
@@ -139,12 +144,7 @@ def greedy_sequential(
             .logits[0, -1]
             .float()
         )
-        logprobs = torch.log_softmax(logits, dim=-1)
-        top2 = logprobs.topk(2).values
-        token = int(logprobs.argmax())
-        out.tokens.append(token)
-        out.logprobs.append(float(logprobs[token]))
-        out.gaps.append(float(top2[0] - top2[1]))
+        token = out.take(logits)
         offset += len(ids)
         ids = [token]
     return out
