@@ -36,5 +36,5 @@ else
   echo "setup: $venv is up to date"
 fi
 
-"$repo/tools/apply_patches.sh" --python "$venv/bin/python"
+"$repo/scripts/apply_patches.sh" --python "$venv/bin/python"
 "$venv/bin/python" "$repo/scripts/make_tiny_models.py"

@@ -108,7 +108,7 @@ if ! command -v patch >/dev/null; then
   export PATH="$work/patch-root/usr/bin:$PATH"
   echo "bundle: using patch from $deb"
 fi
-"$repo/tools/apply_patches.sh" --python "$venv/bin/python"
+"$repo/scripts/apply_patches.sh" --python "$venv/bin/python"
 
 "$venv/bin/python" - <<'PY'
 import torch, vllm, vllm_ascend_chunk

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-APPLY = REPO / "tools" / "apply_patches.sh"
+APPLY = REPO / "scripts" / "apply_patches.sh"
 VERSION = (REPO / "patches" / "vllm" / "TARGET_VERSION").read_text().strip()
 MODES = ("pristine", "off", "on")
 GROUPS = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-APPLY = REPO / "tools" / "apply_patches.sh"
+APPLY = REPO / "scripts" / "apply_patches.sh"
 
 
 def series(project: str) -> list[Path]:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Apply, check or revert the Chunk Cache patch series on the installed vLLM (and vllm-ascend).
 #
-#   tools/apply_patches.sh            apply what is not applied yet (idempotent)
-#   tools/apply_patches.sh --check    report applied / not applied / conflict per patch
-#   tools/apply_patches.sh --revert   revert what is applied, newest first
+#   scripts/apply_patches.sh            apply what is not applied yet (idempotent)
+#   scripts/apply_patches.sh --check    report applied / not applied / conflict per patch
+#   scripts/apply_patches.sh --revert   revert what is applied, newest first
 #
 # Options:
 #   --python PY    interpreter whose site-packages hold vllm (default: $VIRTUAL_ENV, then the
