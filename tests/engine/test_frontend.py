@@ -150,6 +150,23 @@ def test_empty_question_and_truncation_are_clear_errors(tiny_llama_llm):
         )
 
 
+def test_truncating_a_token_id_prompt_with_spans_is_refused(tiny_llama_llm, raw_tok):
+    """The spans of a token-id prompt describe the ids as sent: truncation that keeps their sum
+    of lengths below the remaining length still cuts SYS and shifts every chunk, so it is refused
+    (before, the spans were laid over the truncated ids)."""
+    ids, lens = expected_ids(raw_tok, SYS, DOCS, QUESTION)
+
+    def prompt():  # vLLM truncates a prompt dict in place: one per request
+        return {"prompt_token_ids": list(ids), "chunk_spans": {"sys_len": 2, "chunk_lens": lens[1:2]}}
+
+    cut = {"truncate_prompt_tokens": len(ids) - 1}
+    refused = f"{len(ids)} tokens but {len(ids) - 1} remain after truncate_prompt_tokens"
+    with pytest.raises(ChunkPromptError, match=refused):
+        tiny_llama_llm.generate([prompt()], greedy(1), tokenization_kwargs=cut)
+    uncut = {"truncate_prompt_tokens": len(ids)}  # nothing cut: served
+    assert tiny_llama_llm.generate([prompt()], greedy(1), tokenization_kwargs=uncut)[0].outputs[0].token_ids
+
+
 def test_legacy_engine_add_request_path(tiny_llama_llm, raw_tok, scheduled_requests):
     engine = tiny_llama_llm.llm_engine
     engine.add_request("legacy-1", chunked(SYS, DOCS, QUESTION), greedy(1))

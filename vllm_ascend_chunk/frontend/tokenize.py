@@ -73,6 +73,20 @@ async def tokenize_chunked_async(
     return _assemble(prompt, list(ids))
 
 
+def take_spans(prompt: dict[str, Any], params, vllm_config) -> None:
+    """Before vLLM's post-tokenization (truncation, padding): an explicit `chunk_spans` of a
+    token-id prompt becomes `ChunkSpans` of the ids as sent, so that `check_spans` sees it cut."""
+    given = prompt.get(SPANS_KEY)
+    ids_only = "prompt_embeds" not in prompt and not prompt.get("multi_modal_data")
+    if (
+        isinstance(given, Mapping)
+        and "prompt_token_ids" in prompt
+        and ids_only
+        and chunking(vllm_config, params)
+    ):
+        prompt[SPANS_KEY] = spans_from(given, len(prompt["prompt_token_ids"]))
+
+
 def check_spans(prompt: dict[str, Any], params, vllm_config) -> dict[str, Any]:
     """After vLLM's post-tokenization: the prompt's spans as validated `ChunkSpans`.
 
@@ -153,10 +167,13 @@ def carry_token_spans(
     renderer,
     tokenization_kwargs: dict[str, Any] | None,
 ) -> None:
-    """Legacy `InputPreprocessor` path of a token-id prompt: its explicit spans, checked against
-    the ids that remain after truncation as the renderer path checks them, into the engine input."""
+    """Legacy `InputPreprocessor` path of a token-id prompt: its explicit spans, taken from the
+    ids as sent and checked against the ids that remain after truncation (as the renderer path
+    does), into the engine input."""
     if SPANS_KEY not in prompt:
         return
     params = renderer.default_cmpl_tok_params.with_kwargs(**(tokenization_kwargs or {}))
-    final = {**prompt, "prompt_token_ids": engine_input["prompt_token_ids"]}
+    sent = dict(prompt)
+    take_spans(sent, params, renderer.config)
+    final = {**sent, "prompt_token_ids": engine_input["prompt_token_ids"]}
     carry_spans(check_spans(final, params, renderer.config), engine_input)
