@@ -9,6 +9,16 @@
 | `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
 | `VLLM_CHUNK_CACHE_LAYOUT`         | `overlap` | `overlap`, `sequential`       |
 | `VLLM_CHUNK_CACHE_RECOVERY`       | `none`    | `none`, `last`, `last:K`      |
+| `VLLM_CHUNK_CACHE_HOST_GB`        | `0` (off) | a number >= 0                 |
+| `VLLM_CHUNK_CACHE_REMOTE_MASTER`  | empty (off) | `host:port` of a `mooncake_master` |
+| `VLLM_CHUNK_CACHE_REMOTE_METADATA` | `http://<master host>:8080/metadata` | Mooncake metadata server URL |
+| `VLLM_CHUNK_CACHE_REMOTE_PROTOCOL` | `tcp`    | a Mooncake transport (`tcp`, `rdma`, ...) |
+| `VLLM_CHUNK_CACHE_REMOTE_DEVICE`  | empty     | the RDMA device names, for `rdma` |
+| `VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB` | `0`    | a number >= 0: memory this instance lends the store |
+| `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number > 0: longest wait for one read |
+
+The tiers (`docs/design.md`, Tiers): entries evicted from the device pool go to host memory
+(`HOST_GB`), and every computed entry is shared through a Mooncake Store (`REMOTE_*`).
 """
 
 from __future__ import annotations
@@ -35,6 +45,50 @@ class ChunkCacheConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class RemoteConfig:
+    """Where the shared tier's Mooncake Store is and how this instance talks to it."""
+
+    master: str
+    """`host:port` of the `mooncake_master`."""
+    metadata_server: str
+    protocol: str = "tcp"
+    device_name: str = ""
+    segment_gb: float = 0.0
+    """Memory this instance lends the store (0: a separate store process holds the objects)."""
+    timeout_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, get) -> RemoteConfig | None:
+        master = get("VLLM_CHUNK_CACHE_REMOTE_MASTER", "")
+        if not master:
+            return None
+        host, _, port = master.rpartition(":")
+        if not host or not port.isdecimal():
+            raise _error("VLLM_CHUNK_CACHE_REMOTE_MASTER", master, "host:port of a mooncake_master")
+        return cls(
+            master=master,
+            metadata_server=get("VLLM_CHUNK_CACHE_REMOTE_METADATA", f"http://{host}:8080/metadata"),
+            protocol=get("VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", "tcp"),
+            device_name=get("VLLM_CHUNK_CACHE_REMOTE_DEVICE", ""),
+            segment_gb=_parse_float(
+                "VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB",
+                get("VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB", 0),
+                lambda v: v >= 0,
+                "a number >= 0",
+            ),
+            timeout_s=_parse_float(
+                "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S",
+                get("VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S", 5),
+                lambda v: v > 0,
+                "a number greater than 0",
+            ),
+        )
+
+    def describe(self) -> str:
+        return f"mooncake://{self.master} ({self.protocol})"
+
+
+@dataclasses.dataclass(frozen=True)
 class ChunkCacheConfig:
     enabled: bool = True
     size_gb: float = 2.0
@@ -44,6 +98,10 @@ class ChunkCacheConfig:
     layout: str = "overlap"
     recovery_docs: int = 0
     """Documents at the end of a request computed with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
+    host_gb: float = 0.0
+    """Host memory for entries evicted from the device pool (0: no host tier)."""
+    remote: RemoteConfig | None = None
+    """The shared Mooncake Store tier (None: off)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
@@ -79,6 +137,13 @@ class ChunkCacheConfig:
             recovery_docs=_parse_recovery(
                 "VLLM_CHUNK_CACHE_RECOVERY", get("VLLM_CHUNK_CACHE_RECOVERY", "none")
             ),
+            host_gb=_parse_float(
+                "VLLM_CHUNK_CACHE_HOST_GB",
+                get("VLLM_CHUNK_CACHE_HOST_GB", 0),
+                lambda v: v >= 0,
+                "a number >= 0",
+            ),
+            remote=RemoteConfig.from_env(get),
         )
 
     def describe(self) -> str:
@@ -87,7 +152,8 @@ class ChunkCacheConfig:
         return (
             f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
             f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
-            f"hash={self.hash_algorithm} recovery={recovery_name(self.recovery_docs)}"
+            f"hash={self.hash_algorithm} recovery={recovery_name(self.recovery_docs)} "
+            f"host={self.host_gb:g} GiB remote={self.remote.describe() if self.remote else 'off'}"
         )
 
 

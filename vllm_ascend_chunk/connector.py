@@ -25,10 +25,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import pool_geometry
 from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, ChunkCachePromMetrics, stats_payload
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
 if TYPE_CHECKING:
@@ -44,7 +45,10 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             block_size = _single_group(kv_cache_config).kv_cache_spec.block_size
             priority = vllm_config.scheduler_config.policy == "priority"
-            self.coordinator = ChunkCacheCoordinator(geometry, block_size, priority_order=priority)
+            remote = get_config().remote is not None
+            self.coordinator = ChunkCacheCoordinator(
+                geometry, block_size, priority_order=priority, remote=remote
+            )
         else:
             self.chunk_worker = ChunkCacheWorker(vllm_config, geometry)
 
@@ -75,6 +79,10 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def reset_cache(self) -> bool | None:
         return self.coordinator.reset()
+
+    def update_connector_output(self, connector_output) -> None:
+        """The workers' report of a step (remote reads ended, the store's state)."""
+        self.coordinator.update_connector_output(connector_output.kv_connector_worker_meta)
 
     # -- scheduler role, called by `ChunkCacheScheduler` only (not part of vLLM's connector API) --
     def plan(self) -> list[ChunkPrefill]:
@@ -124,6 +132,14 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._get_connector_metadata()
         assert isinstance(meta, ChunkCacheStepMetadata)
         self.chunk_worker.save(meta)
+
+    def build_connector_worker_meta(self) -> ChunkCacheWorkerMetadata | None:
+        """The step's end (with or without a forward): remote reads finished and reported."""
+        return self.chunk_worker.report()
+
+    def shutdown(self) -> None:
+        if self.chunk_worker is not None:
+            self.chunk_worker.shutdown()
 
 
 def _single_group(kv_cache_config):

@@ -3,7 +3,8 @@
 The pool holds post-RoPE K and V of every attention layer for a number of tokens, in pages of
 `PAGE_SIZE` tokens so that entries of any length never fragment it. The frontend uses the
 geometry to refuse chunk sets that can never fit, the scheduler to allocate pages, the worker to
-size the tensors, and the engine core to carve the pool out of the paged-KV budget.
+size the tensors, and the engine core to carve the pool out of the paged-KV budget. The host
+tier has the same row format, in `num_host_pages` pages of host memory.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class PoolGeometry:
     dtype: torch.dtype
     num_pages: int
     page_size: int = PAGE_SIZE
+    num_host_pages: int = 0
+    """Pages of the host-memory tier (`VLLM_CHUNK_CACHE_HOST_GB`; 0: none)."""
 
     @property
     def num_rows(self) -> int:
@@ -65,4 +68,9 @@ def pool_geometry(vllm_config) -> PoolGeometry:
         raise ValueError("Chunk Cache needs attention layers; this model has none.")
     shape = PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype, num_pages=0)
     page_bytes = shape.bytes_per_token * shape.page_size
-    return replace(shape, num_pages=int(get_config().size_gb * 2**30) // page_bytes)
+    config = get_config()
+    return replace(
+        shape,
+        num_pages=int(config.size_gb * 2**30) // page_bytes,
+        num_host_pages=int(config.host_gb * 2**30) // page_bytes,
+    )

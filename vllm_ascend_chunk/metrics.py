@@ -32,14 +32,23 @@ GAUGES = {
     "usage_ratio": "Fraction of the chunk pool's pages in use (0..1).",
     "entries": "Entries in the pool (resident or being computed).",
     "pinned_entries": "Entries pinned by requests in flight.",
+    "host_usage_ratio": "Fraction of the host-memory tier's pages in use (0..1; 0 without one).",
+    "host_entries": "Entries in the host-memory tier.",
+    "remote_up": "1 while the remote store is reachable (0 when it is not, or none is configured).",
 }
 
 
 def stats_payload(manager: ChunkCacheManager) -> dict[str, int | float]:
-    """The manager's counter totals and pool gauges, as sent with every `SchedulerStats`."""
+    """The manager's counter totals and the tiers' gauges, as sent with every `SchedulerStats`."""
     data: dict[str, int | float] = dataclasses.asdict(manager.stats)
+    host = manager.host
     data.update(
-        usage_ratio=manager.usage_ratio, entries=len(manager.entries), pinned_entries=manager.pinned_entries
+        usage_ratio=manager.usage_ratio,
+        entries=len(manager.entries),
+        pinned_entries=manager.pinned_entries,
+        host_usage_ratio=host.usage_ratio if host is not None else 0.0,
+        host_entries=len(host.entries) if host is not None else 0,
+        remote_up=int(manager.remote),
     )
     return data
 
@@ -47,6 +56,11 @@ def stats_payload(manager: ChunkCacheManager) -> dict[str, int | float]:
 def _hit_rate(hits: float, misses: float) -> float | None:
     """Hits over chunk occurrences; None before the first occurrence."""
     return hits / (hits + misses) if hits + misses else None
+
+
+def _all_hits(data: dict[str, Any]) -> int:
+    """Chunk occurrences served by any tier (device pool, host memory, remote store)."""
+    return sum(data.get(name, 0) for name in ("hits", "host_hits", "remote_hits"))
 
 
 class ChunkCacheConnectorStats(KVConnectorStats):
@@ -61,19 +75,23 @@ class ChunkCacheConnectorStats(KVConnectorStats):
 
     def reduce(self) -> dict[str, int | float | str]:
         d = self.data
-        rate = _hit_rate(d["hits"], d["misses"])
+        rate = _hit_rate(_all_hits(d), d["misses"])
         return {
             "chunk_hits": d["hits"],
+            "host_hits": d["host_hits"],
+            "remote_hits": d["remote_hits"],
             "chunk_misses": d["misses"],
             "chunk_hit_rate": "-" if rate is None else f"{100 * rate:.1f}%",
             "chunk_prefills": d["chunk_prefills"],
             "evictions": d["evictions"],
             "pool_usage": f"{100 * d['usage_ratio']:.1f}%",
+            "host_usage": f"{100 * d['host_usage_ratio']:.1f}%",
+            "remote_errors": d["remote_errors"],
             "pinned_entries": d["pinned_entries"],
         }
 
     def is_empty(self) -> bool:
-        return not (self.data.get("hits") or self.data.get("misses"))
+        return not (_all_hits(self.data) or self.data.get("misses"))
 
 
 class ChunkCachePromMetrics(KVConnectorPromMetrics):
@@ -123,20 +141,39 @@ class ChunkCacheMetrics:
     """The chunk cache's counters since the engine started and its current pool state."""
 
     hit_count: int
+    """Chunk occurrences found in the device pool."""
     miss_count: int
     hit_tokens: int
     miss_tokens: int
     inflight_joins: int
     evictions: int
     chunk_prefills: int
+    host_hits: int
+    host_hit_tokens: int
+    remote_hits: int
+    remote_hit_tokens: int
+    host_bytes_written: int
+    host_bytes_read: int
+    host_evictions: int
+    remote_reads: int
+    remote_read_failures: int
+    remote_bytes_read: int
+    remote_bytes_written: int
+    remote_errors: int
+    remote_corrupt: int
+    remote_write_drops: int
     usage_ratio: float
     entries: int
     pinned_entries: int
+    host_usage_ratio: float
+    host_entries: int
+    remote_up: bool
 
     @property
     def hit_rate(self) -> float:
-        """Hits over chunk occurrences (0.0 before the first chunked request)."""
-        return _hit_rate(self.hit_count, self.miss_count) or 0.0
+        """Occurrences served by any tier over all chunk occurrences (0.0 before the first)."""
+        hits = self.hit_count + self.host_hits + self.remote_hits
+        return _hit_rate(hits, self.miss_count) or 0.0
 
     @classmethod
     def from_samples(cls, samples: Iterable[tuple[str, float]]) -> ChunkCacheMetrics:
@@ -151,12 +188,14 @@ class ChunkCacheMetrics:
                 "engine, and has it run a step since it started?"
             )
         counters = {_API_NAMES.get(name, name): int(sum(values[name])) for name in COUNTERS}
-        usage = values["usage_ratio"]
         return cls(
             **counters,
-            usage_ratio=sum(usage) / len(usage) if usage else 0.0,
+            usage_ratio=_mean(values["usage_ratio"]),
             entries=int(sum(values["entries"])),
             pinned_entries=int(sum(values["pinned_entries"])),
+            host_usage_ratio=_mean(values["host_usage_ratio"]),
+            host_entries=int(sum(values["host_entries"])),
+            remote_up=bool(values["remote_up"]) and all(values["remote_up"]),
         )
 
     @classmethod
@@ -170,6 +209,10 @@ class ChunkCacheMetrics:
             for s in family.samples
             if not s.name.endswith("_created")
         )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def chunk_cache_metrics(llm) -> ChunkCacheMetrics:

@@ -10,11 +10,14 @@ from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, Chunk
 
 def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, ChunkPrefill]) -> None:
     """Pins equal the PLANNED/LOADING users holding an entry, every such entry is in the index,
-    free pages and entry pages partition the pool, every pending entry has a live prefill, and no
-    live prefill writes a free page."""
+    free pages and entry pages partition the pool, every pending entry has a live prefill, a
+    remote read in flight or one that failed and awaits its prefill, no live prefill or remote
+    read writes a free page, and host pages partition the host tier."""
     manager = coord.manager
+    reading = list(coord.reads.values())
     dropped = {id(e): e for p in live_prefills.values() for e in p.entries if e.dropped}
     dropped.update({id(e): e for u in coord.users.values() for e in (u.entries or []) if e.dropped})
+    dropped.update({id(e): e for e in reading + coord.unread if e.dropped})
     taken = [p for e in [*manager.entries.values(), *dropped.values()] for p in e.pages]
     assert len(taken) == len(set(taken)), "a page belongs to two entries"
     assert sorted(taken + manager.free_pages) == list(range(manager.num_pages))
@@ -28,14 +31,19 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
     for entry in [*manager.entries.values(), *dropped.values()]:
         assert entry.pins == pins.get(id(entry), 0)
         if not entry.resident:
-            assert any(entry in p.entries for p in live_prefills.values()), "orphan pending entry"
-    for prefill in live_prefills.values():
-        for entry in prefill.entries:
-            assert not set(entry.pages) & set(manager.free_pages), "free page still written"
+            computed = any(entry in p.entries for p in live_prefills.values())
+            assert computed or entry in reading or entry in coord.unread, "orphan pending entry"
+            assert entry.fetching == (entry in reading)
+    for entry in [e for p in live_prefills.values() for e in p.entries] + reading:
+        assert not set(entry.pages) & set(manager.free_pages), "free page still written"
+    if manager.host is not None:
+        host_taken = [p for e in manager.host.entries.values() for p in e.pages]
+        assert sorted(host_taken + manager.host.free_pages) == list(range(manager.host.num_pages))
 
 
 def check_drained(coord: ChunkCacheCoordinator) -> None:
     """Nothing pinned or pending is left, and the pool's used pages are exactly its entries'."""
     manager = coord.manager
+    assert not coord.reads and not coord.unread
     assert manager.pinned_entries == 0 and all(e.resident for e in manager.entries.values())
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())

@@ -13,6 +13,7 @@ from tests.helpers import chunk_cases as cc
 from tests.helpers import server_utils
 from vllm_ascend_chunk.metrics import (
     COUNTERS,
+    GAUGES,
     ChunkCacheConnectorStats,
     ChunkCacheMetrics,
     ChunkCachePromMetrics,
@@ -23,7 +24,7 @@ LABELS = ["model_name", "engine"]
 
 
 def payload(hits=0, misses=0, usage=0.0, entries=0, pinned=0, **counters) -> dict:
-    data = dict.fromkeys(COUNTERS, 0) | {"hits": hits, "misses": misses} | counters
+    data = dict.fromkeys(COUNTERS, 0) | dict.fromkeys(GAUGES, 0) | {"hits": hits, "misses": misses} | counters
     return data | {"usage_ratio": usage, "entries": entries, "pinned_entries": pinned}
 
 
@@ -66,16 +67,24 @@ def test_log_stats_keep_the_latest_totals():
     assert stats.is_empty()
     stats = ChunkCacheConnectorStats(data=payload(hits=1, misses=1))
     stats = stats.aggregate(
-        ChunkCacheConnectorStats(data=payload(hits=3, misses=1, usage=0.125, pinned=2, chunk_prefills=1))
+        ChunkCacheConnectorStats(
+            data=payload(
+                hits=3, misses=2, usage=0.125, pinned=2, chunk_prefills=1, host_hits=1, remote_hits=2
+            )
+        )
     )
     assert not stats.is_empty()
     assert stats.reduce() == {
         "chunk_hits": 3,
-        "chunk_misses": 1,
+        "host_hits": 1,
+        "remote_hits": 2,
+        "chunk_misses": 2,
         "chunk_hit_rate": "75.0%",
         "chunk_prefills": 1,
         "evictions": 0,
         "pool_usage": "12.5%",
+        "host_usage": "0.0%",
+        "remote_errors": 0,
         "pinned_entries": 2,
     }
 

@@ -3,9 +3,11 @@
 Requests are stand-ins with the fields the coordinator reads. The stateful test runs thousands
 of random operation sequences (new requests, schedule steps with partial admission and prefix
 hits, chunk prefills that end, end early or are preempted after their last forward, aborts,
-preemptions, resets) and after every operation checks the bookkeeping invariants and, through a
-simulated pool whose rows remember which chunk wrote them, that every load reads exactly the
-chunk it expects, never a row another prefill is writing and never a row from before a reset.
+preemptions, resets), with or without a host tier and a remote store (whose reads succeed or
+fail at random), and after every operation checks the bookkeeping invariants and, through a
+simulated pool, host tier and store whose rows remember which chunk wrote them, that every
+load reads exactly the chunk it expects, never a row another prefill is writing and never a
+row from before a reset, and that every remote write holds exactly its entry.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import pages_for, slot_of
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, UserStatus
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 
 BLOCK = 4
 """Paged-KV block size of the fake engine."""
@@ -100,11 +103,19 @@ def user_request(
     return FakeRequest(rid, ids, info, priority=priority, arrival_time=arrival)
 
 
-def coordinator(num_pages: int, priority: bool = False) -> ChunkCacheCoordinator:
+def coordinator(
+    num_pages: int, priority: bool = False, host_pages: int = 0, remote: bool = False
+) -> ChunkCacheCoordinator:
     geometry = PoolGeometry(
-        num_layers=1, num_kv_heads=1, head_size=1, dtype=torch.float32, num_pages=num_pages, page_size=PAGE
+        num_layers=1,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        num_pages=num_pages,
+        page_size=PAGE,
+        num_host_pages=host_pages,
     )
-    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority)
+    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority, remote=remote)
 
 
 def prefill_request(prefill: ChunkPrefill) -> FakeRequest:
@@ -335,11 +346,19 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.generation = 0
         self.prefill_generation: dict[str, int] = {}
         self.rows: dict[int, tuple[bytes, int, int]] = {}
+        self.host_rows: dict[int, tuple[bytes, int, int]] = {}
+        self.store: dict[bytes, int] = {}
+        """The remote store: key → generation of the K/V written under it."""
         self.n = 0
 
-    @initialize(num_pages=st.integers(min_value=8, max_value=20), priority=st.booleans())
-    def start(self, num_pages: int, priority: bool) -> None:
-        self.coord = coordinator(num_pages, priority)
+    @initialize(
+        num_pages=st.integers(min_value=8, max_value=20),
+        priority=st.booleans(),
+        host_pages=st.sampled_from([0, 0, 3, 6, 12]),
+        remote=st.booleans(),
+    )
+    def start(self, num_pages: int, priority: bool, host_pages: int, remote: bool) -> None:
+        self.coord = coordinator(num_pages, priority, host_pages, remote)
 
     @rule(
         docs=st.lists(st.sampled_from(sorted(DOCS)), min_size=1, max_size=4),
@@ -382,8 +401,15 @@ class CoordinatorMachine(RuleBasedStateMachine):
             self.running[rid] = self.waiting.pop(rid)
         ran = [p for p in self.prefills_todo.values() if data.draw(st.booleans())]
         meta = coord.build_connector_meta(prefill_step(ran, {rid: 1 for rid in self.running}))
+        self._move(meta)
         self._check_loads(meta, admitted)
         self._save(meta, ran)
+        self._write_remote(meta)
+        self._read_remote(
+            meta,
+            arrives=lambda: data.draw(st.sampled_from([True, True, False])),
+            up=data.draw(st.sampled_from([True, True, True, False])) if coord.remote else None,
+        )
         for prefill in ran:
             self.prefills_todo.pop(prefill.request_id)
             if data.draw(st.sampled_from([True, True, True, False])):
@@ -407,6 +433,33 @@ class CoordinatorMachine(RuleBasedStateMachine):
             key, index = self._prefill_tokens(prefill)[t]
             assert key, f"{prefill.request_id} token {t} saved, but it belongs to no entry it fills"
             self.rows[row] = (key, index, self.prefill_generation[prefill.request_id])
+
+    def _move(self, meta: ChunkCacheStepMetadata) -> None:
+        """The host-tier copies at the start of the step: into host memory first, then out of it."""
+        writes = [self.rows.get(r) for r in meta.host_write_from]
+        self.host_rows.update(zip(meta.host_write_to, writes, strict=True))
+        reads = [self.host_rows.get(r) for r in meta.host_read_from]
+        self.rows.update(zip(meta.host_read_to, reads, strict=True))
+
+    def _write_remote(self, meta: ChunkCacheStepMetadata) -> None:
+        """Every remote write holds exactly its entry's tokens, all of one generation."""
+        for write in meta.remote_writes:
+            held = [self.rows.get(r) for r in write.rows]
+            generation = held[0][2] if held[0] else -1
+            assert held == [(write.key, t, generation) for t in range(len(held))], "wrong K/V written"
+            self.store[write.key] = generation
+
+    def _read_remote(self, meta: ChunkCacheStepMetadata, arrives, up: bool | None) -> None:
+        """The step's end: each read brings its object if the store has it and `arrives()`."""
+        reads = {}
+        for read in meta.remote_reads:
+            ok = read.key in self.store and arrives()
+            if ok:
+                generation = self.store[read.key]
+                self.rows.update({r: (read.key, t, generation) for t, r in enumerate(read.rows)})
+            reads[read.read_id] = ok
+        if reads or up is not None:
+            self.coord.update_connector_output(ChunkCacheWorkerMetadata(reads=reads, remote_up=up))
 
     @staticmethod
     def _prefill_tokens(prefill: ChunkPrefill) -> list[tuple[bytes, int]]:
@@ -455,8 +508,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule()
     def reset(self) -> None:
+        """A weight update: the store is emptied with the pool (in a deployment, its objects are
+        named anew: `docs/design.md`, Tiers)."""
         self.coord.reset()
         self.generation += 1
+        self.store = {}
 
     @invariant()
     def bookkeeping(self) -> None:
@@ -470,19 +526,32 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """Drain: with every prefill run and every ready request admitted, all requests load and
         the pool ends with no pins and no pending entries (no deadlock, no starvation)."""
         for _ in range(40):
-            if not (self.waiting or self.prefills_todo or self.prefills_ran):
+            if not (self.waiting or self.prefills_todo or self.prefills_ran or self.coord.unread):
                 break
             for prefill in self.coord.plan():
                 self.prefills_todo[prefill.request_id] = prefill
+                self.prefill_generation[prefill.request_id] = self.generation
             prefills = list(self.prefills_todo.values()) + list(self.prefills_ran.values())
             self.prefills_todo, self.prefills_ran = {}, {}
-            run_prefills(self.coord, prefills)
+            meta = self.coord.build_connector_meta(prefill_step(prefills))
+            self._move(meta)
+            self._save(meta, prefills)
+            self._write_remote(meta)
+            self._read_remote(meta, arrives=lambda: True, up=True if self.coord.remote else None)
+            for prefill in prefills:
+                self.coord.request_finished(
+                    FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1)
+                )
+            admitted = []
             for rid, req in list(self.waiting.items()):
                 n, _ = self.coord.get_num_new_matched_tokens(req, 0)
                 if n is not None:
                     self.coord.update_state_after_alloc(req, blocks_for(req), n)
+                    admitted.append((req, 0))
                     self.running[rid] = self.waiting.pop(rid)
-            self.coord.build_connector_meta(FakeOutput())
+            meta = self.coord.build_connector_meta(FakeOutput())
+            self._move(meta)
+            self._check_loads(meta, admitted)
         assert not self.waiting, f"requests never admitted: {sorted(self.waiting)}"
         for req in list(self.running.values()):
             self.coord.request_finished(req)

@@ -110,3 +110,64 @@ def test_discard_of_a_dropped_pending_entry_frees_it_once():
     m.discard(entry)
     m.discard(entry)
     assert sorted(m.free_pages) == [0, 1]
+
+
+# -- tiers ---------------------------------------------------------------------------------------
+def resident(m: ChunkCacheManager, key: bytes, n: int = 4) -> None:
+    entry = m.acquire([(key, n)], chunk_keys={key}).entries[0]
+    m.mark_resident(entry)
+    m.release([entry])
+
+
+def test_evicted_entries_are_copied_to_the_host_tier_and_copied_back_on_a_miss():
+    m = ChunkCacheManager(2, 4, 1.0, host_pages=4, token_bytes=10)
+    resident(m, b"a")
+    a_rows = m.entries[b"a"].rows(4)
+    resident(m, b"b")
+    m.take_moves()
+    resident(m, b"c")  # a is evicted: copied to host memory
+    moves = m.take_moves()
+    assert moves.write_from == a_rows and len(moves.write_to) == 4 and not moves.read_from
+    assert (m.stats.evictions, m.stats.host_bytes_written) == (1, 40)
+    got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # b goes to host, a comes back
+    assert got.created == [] and got.entries[0].resident
+    moves = m.take_moves()
+    assert len(moves.read_from) == 4 and len(moves.write_from) == 4  # b out, then a in
+    assert moves.read_to == got.entries[0].rows(4)
+    assert (m.stats.host_hits, m.stats.host_hit_tokens, m.stats.misses) == (1, 4, 3)
+
+
+def test_a_host_copy_read_in_the_step_being_built_is_not_replaced_before_it_is_sent():
+    m = ChunkCacheManager(1, 4, 1.0, host_pages=1)
+    resident(m, b"a")
+    resident(m, b"b")  # a → host (its only page)
+    m.take_moves()
+    got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # a read back; b cannot go to host: a is read
+    assert got is not None and b"b" not in m.host.entries and m.host.entries.keys() == {b"a"}
+    m.release(got.entries)
+    m.take_moves()  # the step is sent: a's copy may be replaced now
+    resident(m, b"c")  # a leaves the pool: its copy is still in host memory, nothing to copy
+    assert not m.take_moves().write_from
+    resident(m, b"d")  # c leaves the pool and replaces a's copy
+    assert m.host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
+
+
+def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read_ends():
+    m = make()
+    m.remote = True
+    got = m.acquire([(b"s", 2), (b"a", 4)], chunk_keys={b"a"})
+    assert got.created == [] and got.fetches == got.entries and all(e.fetching for e in got.entries)
+    joined = m.acquire([(b"a", 4)], chunk_keys={b"a"})
+    assert joined.fetches == [] and (m.stats.misses, m.stats.inflight_joins) == (1, 1)
+    sys_entry, chunk = got.entries
+    assert not m.fetched(sys_entry, True) and sys_entry.resident and m.stats.remote_hits == 0
+    assert m.fetched(chunk, False) and not chunk.resident  # held: it must be computed now
+    assert (m.stats.misses, m.stats.miss_tokens, m.stats.remote_read_failures) == (2, 8, 1)
+
+
+def test_a_failed_read_nobody_holds_any_more_frees_its_pages():
+    m = make()
+    m.remote = True
+    got = m.acquire([(b"a", 4)], chunk_keys={b"a"})
+    m.release(got.entries)
+    assert not m.fetched(got.entries[0], False) and m.entries == {} and m.used_pages == 0

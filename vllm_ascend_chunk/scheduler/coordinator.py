@@ -22,6 +22,12 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 A prefill's tokens are copied from its paged-cache slots into its pending entries after each step
 that computes them (`save_rows`/`save_slots`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
+
+Tiers: the manager plans the copies between the pool and the host tier (sent with the step), and
+which missing entries are read from the remote store instead of computed. A read is sent with
+the step and reported by the workers at its end (`update_connector_output`): the entry becomes
+resident, or a chunk prefill computes it. Every entry a chunk prefill computed is written to the
+remote store after the step that saved its last tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead, RemoteWrite
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -48,6 +54,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.chunk_cache")
 
 CHUNK_PREFILL_ID_PREFIX = "chunk-cache-prefill-"
+REMOTE_COUNTERS = {
+    "remote_bytes_read": "bytes_read",
+    "remote_bytes_written": "bytes_written",
+    "remote_errors": "errors",
+    "remote_corrupt": "corrupt",
+    "remote_write_drops": "put_drops",
+}
+"""`ChunkCacheStats` field → the `RemoteStore.stats` counter of every worker it sums."""
 
 
 @dataclass
@@ -106,17 +120,37 @@ class _Step:
     load_rows: list[int] = field(default_factory=list)
     load_slots: list[int] = field(default_factory=list)
     load_deltas: list[int] = field(default_factory=list)
+    remote_reads: list[RemoteRead] = field(default_factory=list)
 
 
 class ChunkCacheCoordinator:
-    def __init__(self, geometry: PoolGeometry, block_size: int, priority_order: bool = False) -> None:
+    def __init__(
+        self, geometry: PoolGeometry, block_size: int, priority_order: bool = False, remote: bool = False
+    ) -> None:
         config = get_config()
         self.geometry = geometry
         self.layout = LAYOUTS[config.layout]
         self.block_size = block_size
         self.priority_order = priority_order
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
-        self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
+        self.manager = ChunkCacheManager(
+            geometry.num_pages,
+            geometry.page_size,
+            config.lru_threshold,
+            host_pages=geometry.num_host_pages,
+            token_bytes=geometry.bytes_per_token,
+        )
+        self.remote = remote
+        """A remote store is configured: computed entries are written to it, missing ones read."""
+        self.manager.remote = remote
+        self.reads: dict[int, Entry] = {}
+        """Remote reads sent to the workers and not reported yet, by `RemoteRead.read_id`."""
+        self._read_ids = itertools.count()
+        self.unread: list[Entry] = []
+        """Entries whose remote read failed and that a request still holds: computed from the
+        next `plan`."""
+        self.remote_counters: dict[int, dict[str, int]] = {}
+        """Latest remote-store counters of each worker."""
         self.users: dict[str, UserRequest] = {}
         self.prefills: dict[str, ChunkPrefill] = {}
         self._prefill_counter = itertools.count()
@@ -144,7 +178,7 @@ class ChunkCacheCoordinator:
         """
         order = self._order()
         self._unplan_behind_blocked(order)
-        prefills: list[ChunkPrefill] = []
+        prefills = self._recompute_unread()
         self._blocked = None
         for user in order:
             if user.status is not UserStatus.WAITING:
@@ -160,7 +194,23 @@ class ChunkCacheCoordinator:
                 continue
             user.status, user.entries, user.counted = UserStatus.PLANNED, acquired.entries, True
             prefills += self._prefills_for(user, acquired.created)
+            for entry in acquired.fetches:
+                read = RemoteRead(read_id=next(self._read_ids), key=entry.key, rows=self._rows(entry))
+                self.reads[read.read_id] = entry
+                self._step.remote_reads.append(read)
         self.manager.stats.chunk_prefills += len(prefills)
+        return prefills
+
+    def _recompute_unread(self) -> list[ChunkPrefill]:
+        """Chunk prefills for the entries whose remote read failed."""
+        prefills = []
+        for entry in self.unread:
+            holder = next((u for u in self.users.values() if u.entries and entry in u.entries), None)
+            if holder is None:  # its requests left (or were unplanned) since the read failed
+                self.manager.discard(entry)
+            else:
+                prefills += self._prefills_for(holder, [entry])
+        self.unread = []
         return prefills
 
     def _order(self) -> list[UserRequest]:
@@ -278,25 +328,37 @@ class ChunkCacheCoordinator:
             pieces[rid] = computed
         return pieces
 
-    def _saves(self, scheduler_output) -> tuple[list[int], list[int]]:
-        """Pool row and paged-cache slot of every stored chunk-prefill token computed this step."""
-        rows, slots = [], []
+    def _saves(self, scheduler_output) -> tuple[list[int], list[int], list[RemoteWrite]]:
+        """Pool row and paged-cache slot of every stored chunk-prefill token computed this step,
+        and the remote writes of the entries whose last tokens these are."""
+        rows, slots, writes = [], [], []
         for rid, first in self._prefill_pieces(scheduler_output).items():
             prefill = self.prefills[rid]
-            for t in range(first, first + scheduler_output.num_scheduled_tokens[rid]):
+            end = first + scheduler_output.num_scheduled_tokens[rid]
+            for t in range(first, end):
                 if prefill.pool_rows[t] >= 0:
                     rows.append(prefill.pool_rows[t])
                     slots.append(slot_of(prefill.block_ids, self.block_size, t))
-        return rows, slots
+            if self.remote and end == len(prefill.token_ids):
+                # An entry dropped by a reset may hold K/V of replaced weights: not shared.
+                writes += [RemoteWrite(e.key, self._rows(e)) for e in prefill.entries if not e.dropped]
+        return rows, slots, writes
 
     def build_connector_meta(self, scheduler_output) -> ChunkCacheStepMetadata:
-        save_rows, save_slots = self._saves(scheduler_output)
+        save_rows, save_slots, writes = self._saves(scheduler_output)
+        moves = self.manager.take_moves()
         meta = ChunkCacheStepMetadata(
             load_rows=self._step.load_rows,
             load_slots=self._step.load_slots,
             load_deltas=self._step.load_deltas,
             save_rows=save_rows,
             save_slots=save_slots,
+            host_write_from=moves.write_from,
+            host_write_to=moves.write_to,
+            host_read_from=moves.read_from,
+            host_read_to=moves.read_to,
+            remote_reads=self._step.remote_reads,
+            remote_writes=writes,
             position_shifts={
                 rid: self.layout.question_shift(self.users[rid].info)
                 for rid in scheduler_output.num_scheduled_tokens
@@ -308,6 +370,32 @@ class ChunkCacheCoordinator:
             self._to_loaded(user)
         self._step = _Step()
         return meta
+
+    def update_connector_output(self, report: ChunkCacheWorkerMetadata | None) -> None:
+        """The workers' report of a step: remote reads ended, the store's state and counters."""
+        if report is None:
+            return
+        if report.remote_up is not None and self.remote and report.remote_up != self.manager.remote:
+            logger.info(
+                "Chunk Cache: remote store %s",
+                "reachable: missing entries are read from it again"
+                if report.remote_up
+                else "unreachable: missing entries are computed until it is back",
+            )
+            self.manager.remote = report.remote_up
+        if report.remote_counters:
+            self.remote_counters.update(report.remote_counters)
+            self._sum_remote_counters()
+        for read_id, ok in report.reads.items():
+            entry = self.reads.pop(read_id)
+            if self.manager.fetched(entry, ok):
+                self.unread.append(entry)
+
+    def _sum_remote_counters(self) -> None:
+        """The workers' remote-store counters into the statistics (totals over the workers)."""
+        stats = self.manager.stats
+        for field_name, counter in REMOTE_COUNTERS.items():
+            setattr(stats, field_name, sum(c.get(counter, 0) for c in self.remote_counters.values()))
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""

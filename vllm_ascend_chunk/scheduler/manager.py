@@ -1,10 +1,19 @@
-"""ChunkCacheManager: the pool index — which key lives in which pool pages, pins, LRU, stats.
+"""ChunkCacheManager: the pool index — which key lives in which pool pages, pins, LRU, stats —
+and the plan across the tiers below the pool.
 
 Pure bookkeeping (no vLLM, no tensors). Entries are created *pending* when a chunk prefill is
 planned and become *resident* once that prefill has run; only resident, unpinned entries are
 evicted, least recently used first, when space is needed or usage exceeds the LRU threshold.
 A request acquires all its entries at once or nothing, so requests that hold pins always
 progress and the pool never deadlocks.
+
+Tiers (`docs/design.md`, Tiers). A key missing from the pool is looked for, in order, in the
+host-memory tier (`HostIndex`: the entry is copied back and is resident at once), then in the
+remote store (the entry stays pending, *fetching*, until the workers report the read: `fetched`),
+and is otherwise computed. An entry evicted from the pool is copied to the host tier first.
+The copies are `Moves` that the worker runs at the start of the next step, host writes before
+host reads, before anything else touches the pool; so a page freed here and reused at once is
+only overwritten after its old content has been copied out.
 
 A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
 or still being computed keeps its pages until that ends (`dropped`), so no page is handed out
@@ -18,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from vllm_ascend_chunk.paging import pages_for, slot_of
+from vllm_ascend_chunk.scheduler.host_index import HostIndex
 
 
 @dataclass(eq=False)
@@ -30,6 +40,10 @@ class Entry:
     dropped: bool = False
     """Removed from the index by a reset while pinned or pending; its pages are freed once
     it is neither (`ChunkCacheManager.settle`)."""
+    fetching: bool = False
+    """Pending on a read from the remote store (`ChunkCacheManager.fetched` ends it)."""
+    fetch_tokens: int = 0
+    """Chunk tokens to count as a remote hit or a miss once the read ends (0: not counted)."""
 
     def rows(self, page_size: int) -> list[int]:
         """Pool rows of the entry's tokens, in token order."""
@@ -46,13 +60,31 @@ class ChunkCacheStats:
     """Running totals since the engine started. Every field is a counter that the stats log,
     Prometheus (`vllm:chunk_cache_<field>_total`) and the Python API report (`metrics`)."""
 
-    hits: int = _counter("Chunk occurrences found resident in the pool when a request was planned.")
-    misses: int = _counter("Chunk occurrences not resident (computed, or joined a prefill in flight).")
-    hit_tokens: int = _counter("Tokens of the chunk hits (loaded from the pool instead of computed).")
+    hits: int = _counter("Chunk occurrences found resident in the device pool when a request was planned.")
+    misses: int = _counter(
+        "Chunk occurrences in no tier (computed, or joined a prefill or a remote read in flight)."
+    )
+    hit_tokens: int = _counter("Tokens of the chunk hits in the device pool (loaded instead of computed).")
     miss_tokens: int = _counter("Tokens of the chunk misses.")
-    inflight_joins: int = _counter("Misses served by a chunk prefill another request had already started.")
+    inflight_joins: int = _counter("Misses served by a prefill or remote read another request had started.")
     evictions: int = _counter("Pool entries evicted (least recently used first).")
     chunk_prefills: int = _counter("Chunk prefills run to compute missing chunks (SYS + chunk).")
+    host_hits: int = _counter("Chunk occurrences copied back from the host-memory tier.")
+    host_hit_tokens: int = _counter("Tokens of the host-tier hits.")
+    remote_hits: int = _counter("Chunk occurrences read from the remote store.")
+    remote_hit_tokens: int = _counter("Tokens of the remote-store hits.")
+    host_bytes_written: int = _counter("Bytes copied from the device pool into the host-memory tier.")
+    host_bytes_read: int = _counter("Bytes copied from the host-memory tier back into the device pool.")
+    host_evictions: int = _counter("Host-tier entries evicted (least recently used first).")
+    remote_reads: int = _counter("Entries (SYS or chunk) asked of the remote store.")
+    remote_read_failures: int = _counter(
+        "Remote reads that brought nothing (absent, corrupt, foreign, store down or slow)."
+    )
+    remote_bytes_read: int = _counter("Bytes of objects read from the remote store (every worker).")
+    remote_bytes_written: int = _counter("Bytes of objects written to the remote store (every worker).")
+    remote_errors: int = _counter("Remote store operations that failed or timed out (every worker).")
+    remote_corrupt: int = _counter("Remote objects refused: corrupt, truncated or foreign (every worker).")
+    remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
 
 
 @dataclass
@@ -62,17 +94,47 @@ class Acquired:
     entries: list[Entry]
     """One entry per requested key, in request order (duplicates share an entry)."""
     created: list[Entry] = field(default_factory=list)
-    """Pending entries created by this call: the caller must have them computed."""
+    """Pending entries created by this call that the caller must have computed."""
+    fetches: list[Entry] = field(default_factory=list)
+    """Pending entries created by this call that the caller must have read from the remote store."""
+
+
+@dataclass
+class Moves:
+    """Row copies between the device pool and the host tier, for the next step's workers:
+    every `host_writes` copy runs before every `host_reads` copy."""
+
+    write_from: list[int] = field(default_factory=list)
+    """Device-pool rows copied into host memory ..."""
+    write_to: list[int] = field(default_factory=list)
+    """... at these host rows (entries evicted from the pool)."""
+    read_from: list[int] = field(default_factory=list)
+    """Host rows copied into the device pool ..."""
+    read_to: list[int] = field(default_factory=list)
+    """... at these pool rows (entries found in the host tier)."""
 
 
 class ChunkCacheManager:
-    def __init__(self, num_pages: int, page_size: int, lru_threshold: float) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        lru_threshold: float,
+        host_pages: int = 0,
+        token_bytes: int = 0,
+    ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.lru_threshold = lru_threshold
         self.free_pages: list[int] = list(range(num_pages - 1, -1, -1))
         self.entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
         self.stats = ChunkCacheStats()
+        self.host = HostIndex(host_pages, page_size) if host_pages else None
+        self.token_bytes = token_bytes
+        """Bytes of one token's K/V in every layer (for the byte counters)."""
+        self.remote = False
+        """Whether missing keys are asked of the remote store before they are computed."""
+        self.moves = Moves()
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -103,32 +165,75 @@ class ChunkCacheManager:
         this acquisition is counted at all; a request planned again is not).
         """
         missing = {k: n for k, n in needs if k not in self.entries}
+        if self.host is not None:  # copies to read back are kept while room is made for them
+            for key in missing:
+                self.host.read(key)
         if not self._make_room(self.missing_pages(needs), protect={k for k, _ in needs}):
             return None
-        created = [self._create(k, n) for k, n in missing.items()]
+        acquired = Acquired(entries=[])
+        from_host = [self._create(k, n, acquired) for k, n in missing.items()]
         if count:
-            self._count(needs, chunk_keys, created)
-        entries = [self.entries[k] for k, _ in needs]
-        for entry in {id(e): e for e in entries}.values():
+            self._count(needs, chunk_keys, acquired, from_host)
+        acquired.entries = [self.entries[k] for k, _ in needs]
+        for entry in {id(e): e for e in acquired.entries}.values():
             entry.pins += 1
             self.entries.move_to_end(entry.key)
         self._evict_over_threshold()
-        return Acquired(entries=entries, created=created)
+        return acquired
 
     def _count(
-        self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes], created: Sequence[Entry]
+        self,
+        needs: Sequence[tuple[bytes, int]],
+        chunk_keys: set[bytes],
+        acquired: Acquired,
+        from_host: Sequence[Entry | None],
     ) -> None:
+        stats = self.stats
         for key, num_tokens in needs:
             if key not in chunk_keys:
                 continue
             entry = self.entries[key]
-            if entry.resident:
-                self.stats.hits += 1
-                self.stats.hit_tokens += num_tokens
+            if entry in from_host:
+                stats.host_hits += 1
+                stats.host_hit_tokens += num_tokens
+            elif entry in acquired.fetches:
+                entry.fetch_tokens += num_tokens
+            elif entry.resident:
+                stats.hits += 1
+                stats.hit_tokens += num_tokens
+            else:
+                stats.misses += 1
+                stats.miss_tokens += num_tokens
+                stats.inflight_joins += entry not in acquired.created
+
+    def fetched(self, entry: Entry, ok: bool) -> bool:
+        """The remote read of a fetching entry ended: resident if `ok`. Returns whether the entry
+        must now be computed (the read failed and a request still holds it)."""
+        assert entry.fetching, f"entry {entry.key.hex()[:12]} was not being read"
+        entry.fetching = False
+        self.stats.remote_read_failures += not ok
+        if entry.fetch_tokens:
+            if ok:
+                self.stats.remote_hits += 1
+                self.stats.remote_hit_tokens += entry.fetch_tokens
             else:
                 self.stats.misses += 1
-                self.stats.miss_tokens += num_tokens
-                self.stats.inflight_joins += entry not in created
+                self.stats.miss_tokens += entry.fetch_tokens
+        if ok:
+            self.mark_resident(entry)
+            return False
+        if entry.pins and not entry.dropped:
+            return True
+        self.discard(entry)
+        return False
+
+    def take_moves(self) -> Moves:
+        """The copies planned since the last call, for the step being built; copies read from the
+        host tier in it may be replaced from now on."""
+        moves, self.moves = self.moves, Moves()
+        if self.host is not None:
+            self.host.end_step()
+        return moves
 
     def release(self, entries: Iterable[Entry]) -> None:
         for entry in {id(e): e for e in entries}.values():
@@ -151,13 +256,16 @@ class ChunkCacheManager:
             self._reclaim(entry)
 
     def clear(self) -> int:
-        """Drop every entry (a cache reset): from now on every key misses. Pages of an entry still
-        pinned or pending stay taken until it settles. Returns how many entries were dropped."""
+        """Drop every entry, and the host tier (a cache reset): from now on every key misses.
+        Pages of an entry still pinned or pending stay taken until it settles. Returns how many
+        pool entries were dropped."""
         entries = list(self.entries.values())
         self.entries.clear()
         for entry in entries:
             entry.dropped = True
             self.settle(entry)
+        if self.host is not None:
+            self.host.clear()
         return len(entries)
 
     def settle(self, entry: Entry) -> None:
@@ -166,10 +274,25 @@ class ChunkCacheManager:
             self._reclaim(entry)
 
     # -- mechanics -------------------------------------------------------------------------
-    def _create(self, key: bytes, num_tokens: int) -> Entry:
+    def _create(self, key: bytes, num_tokens: int, acquired: Acquired) -> Entry | None:
+        """A new entry for `key`, filled from the first tier that has it; returns it if that was
+        the host tier (it is resident at once)."""
         pages = [self.free_pages.pop() for _ in range(pages_for(num_tokens, self.page_size))]
         entry = self.entries[key] = Entry(key=key, num_tokens=num_tokens, pages=pages)
-        return entry
+        copy = self.host.read(key) if self.host is not None else None
+        if copy is not None:
+            self.moves.read_from += copy.rows(self.page_size)
+            self.moves.read_to += entry.rows(self.page_size)
+            self.stats.host_bytes_read += num_tokens * self.token_bytes
+            entry.resident = True
+            return entry
+        if self.remote:
+            entry.fetching = True
+            self.stats.remote_reads += 1
+            acquired.fetches.append(entry)
+        else:
+            acquired.created.append(entry)
+        return None
 
     def _free(self, entry: Entry) -> None:
         del self.entries[entry.key]
@@ -207,5 +330,17 @@ class ChunkCacheManager:
             self._evict(entry)
 
     def _evict(self, entry: Entry) -> None:
+        if self.host is not None:
+            self._copy_to_host(entry)
         self._free(entry)
         self.stats.evictions += 1
+
+    def _copy_to_host(self, entry: Entry) -> None:
+        if self.host.touch(entry.key):  # still there since it was copied back
+            return
+        copy = self.host.store(entry.key, entry.num_tokens)
+        self.stats.host_evictions = self.host.evictions
+        if copy is not None:
+            self.moves.write_from += entry.rows(self.page_size)
+            self.moves.write_to += copy.rows(self.page_size)
+            self.stats.host_bytes_written += entry.num_tokens * self.token_bytes

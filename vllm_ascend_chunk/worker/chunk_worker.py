@@ -2,14 +2,18 @@
 
 Per step: `shift_positions` (from the model runner, once the slot mapping is computed from the
 logical positions) lowers the RoPE positions of chunk-path requests in the overlap layout;
-`load` (connector `start_load_kv`, before the forward) copies pool rows into slots; `save` (connector
-`wait_for_save`, after the forward) copies the slots that chunk prefills wrote into pool rows.
-Nothing runs inside the attention op, so a forward replayed from a graph is handled the same.
+`load` (connector `start_load_kv`, before the forward) runs the host-tier copies, starts the
+remote reads and copies pool rows into slots; `save` (connector `wait_for_save`, after the
+forward) copies the slots that chunk prefills wrote into pool rows and queues the remote writes;
+`report` (connector `build_connector_worker_meta`, the step's end, with or without a forward)
+finishes the remote reads. Nothing runs inside the attention op, so a forward replayed from a
+graph is handled the same.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,8 +24,11 @@ from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.ops.kv_read import make_kv_reader
 from vllm_ascend_chunk.ops.kv_write import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
+
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.worker.remote_tier import RemoteTier
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -42,6 +49,7 @@ class ChunkCacheWorker:
         self.rotary: RotarySpec | None = None
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._model_bound = False
+        self.remote: RemoteTier | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = self.vllm_config.compilation_config.static_forward_context
@@ -50,6 +58,8 @@ class ChunkCacheWorker:
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
         self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
+        if get_config().remote is not None:
+            self.remote = _connect_remote(self.vllm_config, self.geometry)
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
@@ -85,6 +95,12 @@ class ChunkCacheWorker:
             positions -= per_token.to(positions.device)
 
     def load(self, meta: ChunkCacheStepMetadata) -> None:
+        if meta.host_write_from:
+            self.pool.to_host(meta.host_write_from, meta.host_write_to)
+        if meta.host_read_from:
+            self.pool.from_host(meta.host_read_from, meta.host_read_to)
+        if meta.remote_reads:
+            self.remote.start_reads(meta.remote_reads)
         if not meta.load_rows:
             return
         device = self.pool.kv.device
@@ -111,3 +127,42 @@ class ChunkCacheWorker:
                 torch.tensor(meta.save_rows, dtype=torch.int64, device=device),
                 torch.tensor(meta.save_slots, dtype=torch.int64, device=device),
             )
+        if meta.remote_writes and self.remote is not None:
+            self.remote.write(meta.remote_writes, self.pool)
+
+    def report(self) -> ChunkCacheWorkerMetadata | None:
+        """The step's end: remote reads finished into the pool, and what the scheduler must know."""
+        return self.remote.finish(self.pool) if self.remote is not None else None
+
+    def shutdown(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+
+
+def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
+    """This worker's client of the remote store (it connects in the background)."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+    from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity
+
+    config = get_config()
+    remote = config.remote
+    store = RemoteStore(
+        RemoteStoreConfig(
+            master=remote.master,
+            metadata_server=remote.metadata_server,
+            protocol=remote.protocol,
+            device_name=remote.device_name,
+            segment_bytes=int(remote.segment_gb * 2**30),
+            timeout_s=remote.timeout_s,
+        )
+    )
+    identity = ShardIdentity(
+        model=vllm_config.model_config.model,
+        layout=config.layout,
+        tp_rank=get_tensor_model_parallel_rank(),
+        tp_size=get_tensor_model_parallel_world_size(),
+    )
+    logger.info("Chunk Cache: remote tier %s", remote.describe())
+    return RemoteTier(store, geometry, identity, remote.timeout_s)

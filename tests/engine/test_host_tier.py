@@ -1,0 +1,37 @@
+"""The host-memory tier in an engine of its own: a pool far smaller than the documents, and
+evicted entries copied back from host memory instead of computed. Answers are checked against
+the independent HF reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.engine.test_chunk_engines import SMALL, check_round
+from tests.helpers import chunk_cases as cc
+from tests.helpers.engine_runner import run_engine
+
+POOL_PAGES = 32  # 512 tokens; tiny-llama keeps 1 KiB of K/V per token (SMALL)
+HOST = {**SMALL, "VLLM_CHUNK_CACHE_HOST_GB": str(4 * POOL_PAGES * 16 * 1024 / 2**30)}
+
+
+def test_a_corpus_larger_than_the_pool_is_served_from_host_memory(models_dir: Path):
+    docs = [cc.document(300 + i, 100) for i in range(12)]  # 12 x ~7 pages: 2.6x the pool
+    sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    prompts = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
+    shuffled = [cc.chunked(cc.SYS, [docs[i] for i in s[::-1]], f"Again {s}?") for s in sets]
+    rounds = [{"prompts": prompts}, {"prompts": shuffled}, {"prompts": prompts, "batch": True}]
+    result = run_engine(models_dir / "tiny-llama", rounds, {}, HOST)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, prompts, result["rounds"][0], 8, "cold, evicting into host memory")
+    check_round(model, raw_tok, shuffled, result["rounds"][1], 8, "reordered, read back from host")
+    check_round(model, raw_tok, prompts, result["rounds"][2], 8, "batched, read back from host")
+
+    cold, warm, batched = result["states"]
+    assert cold["misses"] == 12 and cold["evictions"] > 0 and cold["host_entries"] > 0
+    assert cold["host_bytes_written"] > 0
+    # Only the last set's documents can still be in the pool; the others come from host memory.
+    assert warm["misses"] == 12 and warm["host_hits"] >= 9 and warm["host_bytes_read"] > 0
+    assert batched["misses"] == 12 and batched["chunk_prefills"] == warm["chunk_prefills"]
+    for state in result["states"]:
+        assert state["pinned_entries"] == 0 and state["pending_entries"] == 0
+        assert state["used_pages"] == state["entry_pages"] <= POOL_PAGES

@@ -1,0 +1,90 @@
+"""HostIndex: which key's copy lives in which pages of the host-memory tier.
+
+Pure bookkeeping, like the pool index (`scheduler.manager`). The host tier holds copies of
+entries evicted from the device pool, least recently used evicted first when it is full. An
+entry is complete once its copy is scheduled (the worker runs a step's copies into host memory
+before the copies out of it), so it has no pending state. A copy read in the step being built is
+*reading* until the step's operations are sent (`end_step`): its pages are not given to another
+entry before the worker has read them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from vllm_ascend_chunk.paging import pages_for, slot_of
+
+
+@dataclass(eq=False)
+class HostEntry:
+    key: bytes
+    num_tokens: int
+    pages: list[int]
+
+    def rows(self, page_size: int) -> list[int]:
+        """Host rows of the entry's tokens, in token order."""
+        return [slot_of(self.pages, page_size, t) for t in range(self.num_tokens)]
+
+
+class HostIndex:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.free_pages: list[int] = list(range(num_pages - 1, -1, -1))
+        self.entries: OrderedDict[bytes, HostEntry] = OrderedDict()  # least recently used first
+        self.reading: set[bytes] = set()
+        self.evictions = 0
+
+    @property
+    def usage_ratio(self) -> float:
+        return (self.num_pages - len(self.free_pages)) / self.num_pages if self.num_pages else 0.0
+
+    def read(self, key: bytes) -> HostEntry | None:
+        """The copy of `key`, marked most recently used and reading for this step; None if absent."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            self.reading.add(key)
+        return entry
+
+    def touch(self, key: bytes) -> bool:
+        """Mark the copy of `key` most recently used; False if there is none."""
+        if key not in self.entries:
+            return False
+        self.entries.move_to_end(key)
+        return True
+
+    def store(self, key: bytes, num_tokens: int) -> HostEntry | None:
+        """Pages for a new copy of `key`, evicting least recently used copies that are not being
+        read; None (nothing changed) if they cannot be made free. The key must not be stored yet."""
+        needed = pages_for(num_tokens, self.page_size)
+        victims = []
+        free = len(self.free_pages)
+        for entry in self.entries.values():
+            if free >= needed:
+                break
+            if entry.key not in self.reading:
+                victims.append(entry)
+                free += len(entry.pages)
+        if free < needed:
+            return None
+        for entry in victims:
+            self._free(entry)
+            self.evictions += 1
+        pages = [self.free_pages.pop() for _ in range(needed)]
+        entry = self.entries[key] = HostEntry(key=key, num_tokens=num_tokens, pages=pages)
+        return entry
+
+    def end_step(self) -> None:
+        """The step's operations were sent: copies read in it may be replaced from now on."""
+        self.reading.clear()
+
+    def clear(self) -> None:
+        """Drop every copy (a cache reset)."""
+        for entry in list(self.entries.values()):
+            self._free(entry)
+
+    def _free(self, entry: HostEntry) -> None:
+        del self.entries[entry.key]
+        self.free_pages.extend(reversed(entry.pages))

@@ -1,0 +1,100 @@
+"""RemoteTier: one worker's side of the shared remote store — names, headers, reads in flight.
+
+Each worker stores its own tensor-parallel shard of an entry as one object named after the
+entry's key (`object_name`); the key already covers model, dtypes, LoRA and `cache_salt`, and
+the header (`kv_object.KVHeader`) is checked on every read, so an object of another model,
+format or shard is a miss, never wrong KV. Writes are queued and never delay the step. Reads
+start with the step that asks for them, run while its forward does, and are finished at its end:
+an entry is written into its pool rows only if its object arrived whole within the timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass
+
+from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead, RemoteWrite
+from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader
+from vllm_ascend_chunk.worker.pool import ChunkCachePool
+from vllm_ascend_chunk.worker.remote_store import RemoteStore
+
+
+@dataclass(frozen=True)
+class ShardIdentity:
+    """What besides the key an object must match to be loaded by this worker."""
+
+    model: str
+    layout: str
+    tp_rank: int
+    tp_size: int
+
+
+def object_name(key: bytes, identity: ShardIdentity) -> str:
+    return f"chunk-cache/v{FORMAT_VERSION}/{key.hex()}/tp{identity.tp_rank}of{identity.tp_size}"
+
+
+class RemoteTier:
+    def __init__(
+        self, store: RemoteStore, geometry: PoolGeometry, identity: ShardIdentity, timeout_s: float
+    ) -> None:
+        self.store = store
+        self.geometry = geometry
+        self.identity = identity
+        self.timeout_s = timeout_s
+        self._reads: list[tuple[RemoteRead, concurrent.futures.Future]] = []
+        self._reported_up: bool | None = None
+        self._reported_counters: dict[str, int] | None = None
+
+    def header(self, key: bytes, num_tokens: int) -> KVHeader:
+        g, ident = self.geometry, self.identity
+        return KVHeader(
+            version=FORMAT_VERSION,
+            key=key.hex(),
+            model=ident.model,
+            dtype=str(g.dtype),
+            layout=ident.layout,
+            num_tokens=num_tokens,
+            num_layers=g.num_layers,
+            num_kv_heads=g.num_kv_heads,
+            head_size=g.head_size,
+            tp_rank=ident.tp_rank,
+            tp_size=ident.tp_size,
+        )
+
+    def start_reads(self, reads: list[RemoteRead]) -> None:
+        for read in reads:
+            name = object_name(read.key, self.identity)
+            self._reads.append((read, self.store.get(name, self.header(read.key, len(read.rows)))))
+
+    def write(self, writes: list[RemoteWrite], pool: ChunkCachePool) -> None:
+        for write in writes:
+            kv = pool.read_rows(write.rows)
+            self.store.put(object_name(write.key, self.identity), self.header(write.key, len(write.rows)), kv)
+
+    def finish(self, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+        """Wait (up to the timeout) for the reads started this step, write the objects that came
+        into their rows, and report them; None when there is nothing new to report."""
+        deadline = time.monotonic() + self.timeout_s
+        reads: dict[int, bool] = {}
+        for read, future in self._reads:
+            try:
+                kv = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                kv = None
+            if kv is not None:
+                pool.write_rows(read.rows, kv)
+            reads[read.read_id] = kv is not None
+        self._reads = []
+        up = self.store.up
+        counters = self.store.stats().as_dict()
+        if not reads and up == self._reported_up and counters == self._reported_counters:
+            return None
+        self._reported_up, self._reported_counters = up, counters
+        return ChunkCacheWorkerMetadata(
+            reads=reads, remote_up=up, remote_counters={self.identity.tp_rank: counters}
+        )
+
+    def close(self) -> None:
+        self.store.close()
