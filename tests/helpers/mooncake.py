@@ -1,0 +1,165 @@
+"""Real Mooncake Store processes on loopback for tests: a master (with its embedded HTTP metadata
+server) and a standalone store process (`mooncake_client`) that holds the memory, so the clients
+under test contribute none (Mooncake's "standalone-store" mode)."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from vllm_ascend_chunk.worker.remote_store import RemoteStoreConfig
+
+STORE_BYTES = 256 << 20
+"""Memory the store process contributes."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mooncake_binary(name: str) -> str:
+    """`name` next to this interpreter (a virtual environment's bin/) or on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} (pip package mooncake-transfer-engine) is not installed")
+    return found
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
+    """Poll `condition()` until true, or `TimeoutError` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+class MooncakeProcs:
+    """A master and a store process, started and stopped on demand; logs under `log_dir`."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.rpc_port, self.metadata_port, self.metrics_port, self.store_port = (
+            free_port() for _ in range(4)
+        )
+        self.master: subprocess.Popen | None = None
+        self.store: subprocess.Popen | None = None
+        self._starts = 0
+        atexit.register(self.stop)
+
+    @property
+    def master_address(self) -> str:
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def metadata_server(self) -> str:
+        return f"http://127.0.0.1:{self.metadata_port}/metadata"
+
+    def config(self, **overrides) -> RemoteStoreConfig:
+        """A client config for this store (standalone-store: the client contributes no memory)."""
+        return RemoteStoreConfig(
+            **{"master": self.master_address, "metadata_server": self.metadata_server, **overrides}
+        )
+
+    def start(self) -> MooncakeProcs:
+        """Master, then the store process; returns when the store's memory is registered."""
+        self.start_master()
+        self.store = self._spawn(
+            "mooncake_client",
+            f"-master_server_address={self.master_address}",
+            f"-metadata_server={self.metadata_server}",
+            f"-global_segment_size={STORE_BYTES}",
+            "-host=127.0.0.1",
+            f"-port={self.store_port}",
+            "-protocol=tcp",
+        )
+        self.wait_store()
+        return self
+
+    def start_master(self) -> None:
+        """Start the master; with a store process running, wait until it has registered again."""
+        self.master = self._spawn(
+            "mooncake_master",
+            f"-rpc_port={self.rpc_port}",
+            "-rpc_thread_num=2",
+            "-enable_http_metadata_server=true",
+            "-http_metadata_server_host=127.0.0.1",
+            f"-http_metadata_server_port={self.metadata_port}",
+            "-metrics_host=127.0.0.1",
+            f"-metrics_port={self.metrics_port}",
+            # Short leases: objects just read can be removed or replaced by the tests at once.
+            "-default_kv_lease_ttl=100",
+        )
+        wait_for(lambda: self._metrics() is not None, 10, "Mooncake master")
+        if self.store is not None:
+            self.wait_store()
+
+    def wait_store(self, timeout_s: float = 15) -> None:
+        wait_for(lambda: self._capacity() >= STORE_BYTES, timeout_s, "Mooncake store process registered")
+
+    def kill_master(self) -> None:
+        self._end(self.master, signal.SIGKILL)
+        self.master = None
+
+    def pause(self) -> None:
+        """SIGSTOP the store process: the master answers, transfers hang (the "slow store")."""
+        assert self.store is not None
+        self.store.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.store is not None
+        self.store.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """End both processes (idempotent)."""
+        if self.store is not None:
+            self.store.send_signal(signal.SIGCONT)
+        for proc in (self.store, self.master):
+            self._end(proc, signal.SIGTERM)
+        self.store = self.master = None
+
+    def _spawn(self, binary: str, *flags: str) -> subprocess.Popen:
+        self._starts += 1
+        log = open(self.log_dir / f"{binary}.{self._starts}.log", "wb")  # noqa: SIM115 (the child's)
+        with log:
+            return subprocess.Popen(
+                [mooncake_binary(binary), *flags, "-logtostderr"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @staticmethod
+    def _end(proc: subprocess.Popen | None, sig: signal.Signals) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _metrics(self) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=1) as r:
+                return r.read().decode()
+        except OSError:
+            return None
+
+    def _capacity(self) -> int:
+        for line in (self._metrics() or "").splitlines():
+            if line.startswith("master_total_capacity_bytes "):
+                return int(float(line.split()[1]))
+        return 0

@@ -1,0 +1,46 @@
+"""Fixtures: real Mooncake processes on loopback and `RemoteStore` clients, all ended at teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.mooncake import MooncakeProcs
+from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+
+
+def _procs(log_dir: Path) -> Iterator[MooncakeProcs]:
+    pytest.importorskip("mooncake.store")
+    procs = MooncakeProcs(log_dir)
+    try:
+        yield procs.start()
+    finally:
+        procs.stop()
+
+
+@pytest.fixture(scope="module")
+def mooncake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeProcs]:
+    """A master and a store process shared by a module's tests that leave them running."""
+    yield from _procs(tmp_path_factory.mktemp("mooncake"))
+
+
+@pytest.fixture
+def own_mooncake(tmp_path: Path) -> Iterator[MooncakeProcs]:
+    """A master and a store process for one test, which may kill, pause or restart them."""
+    yield from _procs(tmp_path)
+
+
+@pytest.fixture
+def remote_store() -> Iterator[Callable[[RemoteStoreConfig], RemoteStore]]:
+    """Makes `RemoteStore`s, closed at teardown."""
+    stores: list[RemoteStore] = []
+
+    def make(config: RemoteStoreConfig) -> RemoteStore:
+        stores.append(RemoteStore(config))
+        return stores[-1]
+
+    yield make
+    for store in stores:
+        store.close()

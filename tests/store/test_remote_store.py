@@ -1,0 +1,182 @@
+"""RemoteStore against real Mooncake processes (a master and a standalone store process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from tests.helpers.mooncake import MooncakeProcs, wait_for
+from vllm_ascend_chunk.worker.kv_object import KVHeader, encode
+from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+
+TIMEOUT_S = 1.0
+RETRY_S = 0.3
+MakeStore = Callable[[RemoteStoreConfig], RemoteStore]
+
+
+def header(name: str, **changes) -> KVHeader:
+    base = KVHeader(
+        key=name.encode().hex(),
+        model="tiny-llama",
+        dtype="torch.bfloat16",
+        layout="nhd",
+        num_tokens=64,
+        num_layers=4,
+        num_kv_heads=2,
+        head_size=32,
+        tp_rank=0,
+        tp_size=1,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def kv_for(h: KVHeader, seed: int = 0) -> torch.Tensor:
+    return torch.randn(h.shape, generator=torch.Generator().manual_seed(seed)).to(h.torch_dtype)
+
+
+def connected(procs: MooncakeProcs, make: MakeStore, **overrides) -> RemoteStore:
+    store = make(procs.config(timeout_s=TIMEOUT_S, retry_s=RETRY_S, **overrides))
+    wait_for(lambda: store.up, 10, "client connected")
+    return store
+
+
+def written(store: RemoteStore, name: str, h: KVHeader, kv: torch.Tensor) -> None:
+    """Put, and wait until the writer has handled it."""
+    before = store.stats()
+    store.put(name, h, kv)
+    wait_for(lambda: store.stats() != before, 10, f"put {name}")
+
+
+def get(store: RemoteStore, name: str, h: KVHeader) -> tuple[torch.Tensor | None, float]:
+    """The result of a get, and how long it took."""
+    start = time.monotonic()
+    kv = store.get(name, h).result(timeout=30)
+    return kv, time.monotonic() - start
+
+
+def raw_client(procs: MooncakeProcs):
+    """A plain Mooncake client, to write what RemoteStore never would."""
+    from mooncake.store import MooncakeDistributedStore
+
+    client = MooncakeDistributedStore()
+    cfg = procs.config()
+    assert client.setup("127.0.0.1", cfg.metadata_server, 0, 16 << 20, "tcp", "", cfg.master) == 0
+    return client
+
+
+def test_roundtrip_and_second_instance(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
+    a = connected(mooncake, remote_store)
+    h = header("doc-1")
+    kv = kv_for(h)
+    written(a, "doc-1", h, kv)
+    assert a.stats().puts == 1 and a.stats().bytes_written > kv.nbytes
+    out, _ = get(a, "doc-1", h)
+    assert out is not None and torch.equal(out, kv)
+    # Written again: already there, skipped.
+    written(a, "doc-1", h, kv)
+    assert a.stats().put_skips == 1
+    # Instance B, started later, reads what A wrote.
+    b = connected(mooncake, remote_store)
+    out, _ = get(b, "doc-1", h)
+    assert out is not None and torch.equal(out, kv)
+    assert b.stats().hits == 1 and b.stats().bytes_read == a.stats().bytes_written
+
+
+def test_misses(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
+    store = connected(mooncake, remote_store)
+    assert get(store, "absent", header("absent"))[0] is None
+    assert store.stats().misses == 1
+    h = header("doc-2")
+    written(store, "doc-2", h, kv_for(h))
+    # Another model's entry stored under the name asked for.
+    assert get(store, "doc-2", header("doc-2", model="other"))[0] is None
+    assert store.stats().corrupt == 1 and store.up
+
+
+def test_garbage_and_truncated(mooncake: MooncakeProcs, remote_store: MakeStore, caplog) -> None:
+    store = connected(mooncake, remote_store)
+    h = header("doc-3")
+    raw = raw_client(mooncake)
+    try:
+        assert raw.put("garbage", b"not a kv object" * 100) == 0
+        assert raw.put("truncated", encode(h, kv_for(h))[:-100]) == 0
+    finally:
+        raw.close()
+    with caplog.at_level(logging.WARNING, logger="vllm.chunk_cache"):
+        assert get(store, "garbage", h)[0] is None
+        assert get(store, "truncated", h)[0] is None
+    assert store.stats().corrupt == 2 and store.up
+    # Rate-limited: one warning for both.
+    assert [r.message.count("ignoring object") for r in caplog.records] == [1]
+
+
+def test_master_down_at_start(own_mooncake: MooncakeProcs, remote_store: MakeStore, caplog) -> None:
+    own_mooncake.kill_master()
+    with caplog.at_level(logging.INFO, logger="vllm.chunk_cache"):
+        store = remote_store(own_mooncake.config(timeout_s=TIMEOUT_S, retry_s=RETRY_S))
+        time.sleep(3 * RETRY_S)
+        assert not store.up
+        h = header("doc-4")
+        out, took = get(store, "doc-4", h)
+        assert out is None and took < 0.1
+        store.put("doc-4", h, kv_for(h))
+        assert store.stats().put_drops == 1
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "unavailable" in warnings[0].message
+        start = time.monotonic()
+        own_mooncake.start_master()
+        wait_for(lambda: store.up, 5 * RETRY_S + 5, "reconnected")
+        print(f"reconnected {time.monotonic() - start:.2f} s after the master started")
+    assert any("connected to" in r.message for r in caplog.records)
+    written(store, "doc-4", h, kv_for(h))
+    assert torch.equal(get(store, "doc-4", h)[0], kv_for(h))
+
+
+def test_master_killed_and_restarted(own_mooncake: MooncakeProcs, remote_store: MakeStore, caplog) -> None:
+    store = connected(own_mooncake, remote_store)
+    h = header("doc-5")
+    written(store, "doc-5", h, kv_for(h))
+    caplog.set_level(logging.INFO, logger="vllm.chunk_cache")
+    own_mooncake.kill_master()
+    results = [get(store, "doc-5", h) for _ in range(3)]
+    print("gets with the master dead took", [f"{took:.2f}" for _, took in results])
+    assert all(kv is None and took < TIMEOUT_S + 0.5 for kv, took in results)
+    assert store.stats().errors == 3 and not store.up
+    start = time.monotonic()
+    own_mooncake.start_master()
+    wait_for(lambda: store.up, 5 * RETRY_S + 5, "reconnected")
+    print(f"up {time.monotonic() - start:.2f} s after the master started (store process included)")
+    # The restarted master has an empty index: objects written before are gone.
+    assert get(store, "doc-5", h)[0] is None and store.stats().misses == 1
+    written(store, "doc-5", h, kv_for(h))
+    assert torch.equal(get(store, "doc-5", h)[0], kv_for(h))
+    # Reads stuck in Mooncake while the master was dead finish late; they do not count as a new outage.
+    time.sleep(5)
+    messages = [r.message for r in caplog.records]
+    assert sum("unavailable" in m for m in messages) == 1
+    assert sum("is back:" in m for m in messages) == 1 and store.up, messages
+
+
+def test_store_paused(own_mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
+    store = connected(own_mooncake, remote_store)
+    h = header("doc-6")
+    written(store, "doc-6", h, kv_for(h))
+    own_mooncake.pause()
+    try:
+        out, took = get(store, "doc-6", h)
+        print(f"get from the paused store resolved in {took:.2f} s")
+        assert out is None and TIMEOUT_S - 0.1 < took < TIMEOUT_S + 0.5
+        assert store.stats().errors == 1
+    finally:
+        own_mooncake.resume()
+
+    def reads() -> bool:
+        return store.up and get(store, "doc-6", h)[0] is not None
+
+    start = time.monotonic()
+    wait_for(reads, 10, "reads after resume", interval_s=RETRY_S)
+    print(f"reads again {time.monotonic() - start:.2f} s after resume")
