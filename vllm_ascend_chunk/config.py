@@ -16,6 +16,7 @@
 | `VLLM_CHUNK_CACHE_REMOTE_DEVICE`  | empty     | the RDMA device names, for `rdma` |
 | `VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB` | `0`    | a number >= 0: memory this instance lends the store |
 | `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number > 0: longest wait for one read |
+| `VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST` | this host's IP | the address the store reaches this instance at |
 
 The tiers (`docs/design.md`, Tiers): entries evicted from the device pool go to host memory
 (`HOST_GB`), and every computed entry is shared through a Mooncake Store (`REMOTE_*`).
@@ -56,6 +57,8 @@ class RemoteConfig:
     segment_gb: float = 0.0
     """Memory this instance lends the store (0: a separate store process holds the objects)."""
     timeout_s: float = 5.0
+    local_host: str = ""
+    """The address the store's processes reach this instance at (empty: vLLM's `get_ip()`)."""
 
     @classmethod
     def from_env(cls, get) -> RemoteConfig | None:
@@ -82,6 +85,7 @@ class RemoteConfig:
                 lambda v: v > 0,
                 "a number greater than 0",
             ),
+            local_host=get("VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST", ""),
         )
 
     def describe(self) -> str:

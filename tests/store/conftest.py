@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.mooncake import MooncakeProcs
+from tests.helpers.mooncake_procs import MooncakeProcs
 from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
 
 
 def _procs(log_dir: Path) -> Iterator[MooncakeProcs]:
-    pytest.importorskip("mooncake.store")
     procs = MooncakeProcs(log_dir)
     try:
         yield procs.start()

@@ -142,6 +142,7 @@ class ChunkCacheWorker:
 def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     """This worker's client of the remote store (it connects in the background)."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.utils.network_utils import get_ip
 
     from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
     from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity
@@ -156,7 +157,8 @@ def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
             device_name=remote.device_name,
             segment_bytes=int(remote.segment_gb * 2**30),
             timeout_s=remote.timeout_s,
-        )
+        ),
+        local_hostname=remote.local_host or get_ip(),
     )
     identity = ShardIdentity(
         model=vllm_config.model_config.model,

@@ -103,6 +103,20 @@ def _bound_mooncake_transfers(timeout_s: float) -> None:
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
 
+def _mooncake_store_class() -> type:
+    """Mooncake's client class; a missing or unloadable package fails start-up, not a thread."""
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as e:
+        raise RuntimeError(
+            f"Chunk Cache: a remote store is configured but Mooncake Store cannot be loaded ({e}). "
+            "Install it (pip install mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine "
+            "on CUDA; it needs libibverbs1 from your distribution even over TCP), or unset "
+            "VLLM_CHUNK_CACHE_REMOTE_MASTER."
+        ) from e
+    return MooncakeDistributedStore
+
+
 def _reachable(address: str, timeout_s: float) -> bool:
     host, _, port = address.rpartition(":")
     try:
@@ -129,6 +143,7 @@ class RemoteStore:
         self._queue: queue.SimpleQueue[tuple[str, KVHeader, torch.Tensor, int] | None] = queue.SimpleQueue()
         self._queued_bytes = 0
         _bound_mooncake_transfers(config.timeout_s)
+        self._store_class = _mooncake_store_class()
         self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chunk-cache-remote-get")
         self._writer = threading.Thread(target=self._write_loop, name="chunk-cache-remote-put", daemon=True)
         self._connector = threading.Thread(
@@ -184,7 +199,8 @@ class RemoteStore:
         return pending.future
 
     def close(self) -> None:
-        """Stop the threads (in-flight reads finish or time out) and close the Mooncake client."""
+        """Stop the threads (queued writes are written first; in-flight reads finish or time out)
+        and close the Mooncake client."""
         self._closed.set()
         self._queue.put(None)
         self._writer.join()
@@ -250,8 +266,8 @@ class RemoteStore:
                     self._queued_bytes -= nbytes
 
     def _write(self, name: str, header: KVHeader, kv: torch.Tensor) -> None:
-        client = self._client
-        if client is None or not self._up or self._closed.is_set():
+        client = self._client  # also after `close` began: the queue is drained first
+        if client is None or not self._up:
             self._count("put_drops")
             return
         try:
@@ -334,9 +350,7 @@ class RemoteStore:
         if self._client is not None and self._client.is_exist(_PROBE_NAME) >= 0:
             self._recovered()  # the Mooncake client reconnects to a restarted master by itself
             return
-        from mooncake.store import MooncakeDistributedStore
-
-        client = MooncakeDistributedStore()
+        client = self._store_class()
         rc = client.setup(
             self._hostname,
             self.config.metadata_server,

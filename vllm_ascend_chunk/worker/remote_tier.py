@@ -11,6 +11,7 @@ an entry is written into its pool rows only if its object arrived whole within t
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -50,7 +51,6 @@ class RemoteTier:
     def header(self, key: bytes, num_tokens: int) -> KVHeader:
         g, ident = self.geometry, self.identity
         return KVHeader(
-            version=FORMAT_VERSION,
             key=key.hex(),
             model=ident.model,
             dtype=str(g.dtype),
@@ -88,7 +88,7 @@ class RemoteTier:
             reads[read.read_id] = kv is not None
         self._reads = []
         up = self.store.up
-        counters = self.store.stats().as_dict()
+        counters = dataclasses.asdict(self.store.stats())
         if not reads and up == self._reported_up and counters == self._reported_counters:
             return None
         self._reported_up, self._reported_counters = up, counters
