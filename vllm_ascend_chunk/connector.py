@@ -3,7 +3,9 @@
 vLLM builds one instance per role. The scheduler role defers chunk-path requests until their
 chunks are in the pool, then reports their chunk region as externally computed and emits the
 loads; the worker role owns the pool and executes each step's operations. The connector is
-configured automatically (`engine_config.configure`); users never pass `--kv-transfer-config`.
+configured automatically (`engine_config.configure`): alone, or, when the user configures other
+KV connectors, as the first child of `ChunkCacheMultiConnector` (vLLM's `MultiConnector` with one
+routing rule, below). `chunk_cache_of` finds it in either.
 
 The scheduler role is the one way into the chunk cache's scheduler side: vLLM's scheduler calls
 its KV-connector methods, and `ChunkCacheScheduler` calls the few more it needs (planning chunk
@@ -23,6 +25,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+    MultiKVConnectorMetadata,
 )
 
 from vllm_ascend_chunk.config import get_config
@@ -63,6 +69,10 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         self.coordinator.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def owns(self, request: Request) -> bool:
+        """Whether `request` is a chunk-path request or a chunk prefill (its KV is the chunk cache's)."""
+        return self.coordinator.owns(request)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         return self.coordinator.build_connector_meta(scheduler_output)
@@ -140,6 +150,59 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self.chunk_worker is not None:
             self.chunk_worker.shutdown()
+
+
+class ChunkCacheMultiConnector(MultiConnector):
+    """vLLM's `MultiConnector` with the chunk cache as its first child (`engine_config.configure`).
+
+    MultiConnector loads a request from the first child reporting matched tokens and lets every
+    child save it. Here a request the chunk cache owns is answered by the chunk cache alone: a
+    chunk prefill must compute its tokens (the pool is filled from what its forward wrote, so a
+    prefix-keyed store that held `SYS + C_i` would leave its entries unwritten), and a chunk-path
+    request's documents come from the pool. The other children still see every request
+    (`on_new_request`, `update_state_after_alloc` with no blocks, `request_finished`) and may store
+    its blocks: a chunk prefill's are plain causal KV of `SYS + C_i`, a chunk-path request's live in
+    the chunk namespace (`scheduler/block_keys.py`) that no ordinary request hits. Ordinary
+    requests go through MultiConnector unchanged; the chunk cache answers 0 for them.
+    """
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        chunk_cache = self._connectors[0]
+        assert isinstance(chunk_cache, ChunkCacheConnector), "the chunk cache is the first child"
+        self.chunk_cache: ChunkCacheConnector = chunk_cache
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if self.chunk_cache.owns(request):
+            return self.chunk_cache.get_num_new_matched_tokens(request, num_computed_tokens)
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
+        if not self.chunk_cache.owns(request):
+            super().update_state_after_alloc(request, blocks, num_external_tokens)
+            return
+        self.chunk_cache.update_state_after_alloc(request, blocks, num_external_tokens)
+        no_blocks = blocks.new_empty()
+        for other in self._connectors[1:]:
+            other.update_state_after_alloc(request, no_blocks, 0)
+
+
+def chunk_cache_of(connector: KVConnectorBase_V1 | None) -> ChunkCacheConnector | None:
+    """The chunk cache in an engine's KV connector (the scheduler's `connector`, a worker's KV
+    transfer group): the connector itself or the first child of `ChunkCacheMultiConnector`."""
+    if isinstance(connector, ChunkCacheMultiConnector):
+        return connector.chunk_cache
+    return connector if isinstance(connector, ChunkCacheConnector) else None
+
+
+def chunk_step_metadata(meta: KVConnectorMetadata | None) -> ChunkCacheStepMetadata | None:
+    """The chunk cache's part of a step's KV-connector metadata (`ChunkCacheMultiConnector`'s is
+    one per child, the chunk cache's first)."""
+    if isinstance(meta, MultiKVConnectorMetadata):
+        meta = meta.metadata[0]
+    return meta if isinstance(meta, ChunkCacheStepMetadata) else None
 
 
 def _single_group(kv_cache_config):

@@ -2,14 +2,17 @@
 
 `configure` runs at the end of vLLM's config post-init (patch `vllm.config.vllm`): users start
 plain `vllm serve MODEL` and the connector, the scheduler class and the V1 model runner are
-selected here. Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE,
-and models whose KV cache is not one group of full-attention layers: Mamba, hybrid,
-sliding-window) run unpatched, with a warning; settings that conflict with it are refused with a clear error.
+selected here. KV connectors the user configures (`--kv-transfer-config`: vLLM's
+`MultiConnector`, or one connector) are kept next to the chunk cache (`_with_chunk_cache`).
+Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE, and models whose
+KV cache is not one group of full-attention layers: Mamba, hybrid, sliding-window) run
+unpatched, with a warning; settings that conflict with it are refused with a clear error.
 The decision is per engine: `is_active(vllm_config)` is what every other part asks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -19,6 +22,7 @@ from vllm_ascend_chunk.geometry import pool_geometry
 logger = logging.getLogger("vllm.chunk_cache")
 
 CONNECTOR = "ChunkCacheConnector"
+MULTI_CONNECTOR = "ChunkCacheMultiConnector"
 CONNECTOR_MODULE = "vllm_ascend_chunk.connector"
 SCHEDULERS = {
     False: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheScheduler",
@@ -39,14 +43,7 @@ def configure(vllm_config) -> None:
         logger.warning("Chunk Cache is off for this engine: %s", reason)
         return
     _refuse_conflicts(vllm_config)
-
-    from vllm.config import KVTransferConfig
-
-    kv = vllm_config.kv_transfer_config
-    if kv is None or kv.kv_connector is None:
-        vllm_config.kv_transfer_config = KVTransferConfig(
-            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
-        )
+    vllm_config.kv_transfer_config = _with_chunk_cache(vllm_config.kv_transfer_config)
     sched = vllm_config.scheduler_config
     sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
@@ -62,11 +59,61 @@ def configure(vllm_config) -> None:
     )
 
 
+def _with_chunk_cache(kv):
+    """The engine's `KVTransferConfig` with the chunk cache: `ChunkCacheConnector` alone, or the
+    first child of `ChunkCacheMultiConnector` next to the user's connectors. Idempotent."""
+    from vllm.config import KVTransferConfig
+
+    if kv is None or kv.kv_connector is None:
+        return KVTransferConfig(
+            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
+        )
+    if kv.kv_connector in (CONNECTOR, MULTI_CONNECTOR):
+        return kv
+    children = _user_connectors(kv)
+    extra = (
+        {k: v for k, v in kv.kv_connector_extra_config.items() if k != "connectors"} if _is_multi(kv) else {}
+    )
+    chunk_cache = {
+        "kv_connector": CONNECTOR,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+    }
+    logger.info(
+        "Chunk Cache runs next to the KV connectors %s (in a MultiConnector, first)",
+        [c.get("kv_connector") for c in children],
+    )
+    return dataclasses.replace(
+        kv,
+        kv_connector=MULTI_CONNECTOR,
+        kv_connector_module_path=CONNECTOR_MODULE,
+        kv_connector_extra_config={**extra, "connectors": [chunk_cache, *children]},
+    )
+
+
+def _is_multi(kv) -> bool:
+    """vLLM's own `MultiConnector`."""
+    return kv.kv_connector == "MultiConnector" and not kv.kv_connector_module_path
+
+
+def _user_connectors(kv) -> list[dict]:
+    """The KV connectors the user configured, as `MultiConnector` child configs: the children of
+    vLLM's MultiConnector, or the one connector (wrapped); the chunk cache is left out."""
+    if kv is None or kv.kv_connector in (None, CONNECTOR, MULTI_CONNECTOR):
+        return []
+    if _is_multi(kv):
+        children = kv.kv_connector_extra_config.get("connectors") or []
+    else:
+        children = [{f.name: getattr(kv, f.name) for f in dataclasses.fields(kv) if f.name != "engine_id"}]
+    return [c for c in children if c.get("kv_connector") != CONNECTOR]
+
+
 def is_active(vllm_config) -> bool:
     """Whether this engine runs the chunk cache: `configure` made `ChunkCacheConnector` its KV
-    connector (never the case when the switch is off or the model is not applicable)."""
+    connector or a child of it (never the case when the switch is off or the model is not
+    applicable)."""
     kv = getattr(vllm_config, "kv_transfer_config", None)
-    return get_config().enabled and kv is not None and kv.kv_connector == CONNECTOR
+    return get_config().enabled and kv is not None and kv.kv_connector in (CONNECTOR, MULTI_CONNECTOR)
 
 
 def _not_applicable(vllm_config) -> str | None:
@@ -122,8 +169,13 @@ def _refuse_conflicts(vllm_config) -> None:
     if vllm_config.model_config.use_mla:
         problems.append("MLA attention")  # latent KV is never captured by the attention hook
     kv = vllm_config.kv_transfer_config
-    if kv is not None and kv.kv_connector not in (None, CONNECTOR):
-        problems.append(f"the KV connector {kv.kv_connector!r} (the chunk cache is a KV connector)")
+    # Chunk-path requests are never loaded from another connector (`ChunkCacheMultiConnector`),
+    # so a consumer would compute them and a producer would hold their blocks for nobody.
+    roles = [(c.get("kv_connector"), c.get("kv_role")) for c in _user_connectors(kv)]
+    if kv is not None and kv.kv_connector is not None:
+        roles.append((kv.kv_connector, kv.kv_role))
+    if not_both := sorted({f"{name} as {role}" for name, role in roles if role != "kv_both"}):
+        problems.append(f"disaggregated prefill ({', '.join(not_both)}; only kv_role 'kv_both')")
     sched_cls = vllm_config.scheduler_config.scheduler_cls
     if sched_cls is not None and sched_cls not in SCHEDULERS.values():
         problems.append(f"the custom scheduler {sched_cls!r}")

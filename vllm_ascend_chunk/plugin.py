@@ -10,5 +10,15 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 
 def register() -> None:
-    """Validate the configuration (fail fast on a bad value) and say what is active."""
+    """Validate the configuration (fail fast on a bad value) and say what is active; register the
+    connector by name, where vLLM's `MultiConnector` looks its children's statistics up
+    (`build_kv_connector_stats`, in the process that logs them)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from vllm_ascend_chunk.engine_config import CONNECTOR, CONNECTOR_MODULE
+
     logger.info(get_config().describe())
+    try:
+        KVConnectorFactory.get_connector_class_by_name(CONNECTOR)
+    except ValueError:  # not registered yet in this process
+        KVConnectorFactory.register_connector(CONNECTOR, CONNECTOR_MODULE, CONNECTOR)

@@ -7,7 +7,9 @@ SPEC: {"model": dir, "dtype": "float32" (default) | "bfloat16", "engine": {LLM k
                    "abort": bool (abort them mid-way),
                    "late": [...], "late_after": k (the prompts first; after k engine steps the
                    `late` ones join the running batch),
-                   "extra_args": {...} (`SamplingParams.extra_args` of the round)}, ...]}.
+                   "extra_args": {...} (`SamplingParams.extra_args` of the round),
+                   "reset_prefix_cache": bool (first reset the prefix cache, which drops the
+                   chunk pool and keeps other KV connectors' stores)}, ...]}.
 A prompt is text or a token-id prompt {"prompt_token_ids": [...], "chunk_spans": {...}}.
 Output line `RESULT {...}`: per round the prompt ids, generated ids and logprobs (or the error
 text) of every prompt, the chunk cache state after each round, and the engine's execution mode
@@ -25,10 +27,10 @@ from pathlib import Path
 
 
 def chunk_state(llm) -> dict | None:
-    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
-    coordinator = getattr(connector, "coordinator", None)
-    if coordinator is None:
+    connector = getattr(llm.llm_engine.engine_core.engine_core.scheduler, "chunk_cache", None)
+    if connector is None:
         return None
+    coordinator = connector.coordinator
     manager = coordinator.manager
     return {
         **connector.stats_payload(),
@@ -141,6 +143,18 @@ def abort_midway(llm, prompts, params) -> None:
         engine.step()
 
 
+def reset_prefix_cache(llm) -> None:
+    """`LLM.reset_prefix_cache`, retried while blocks are still held (a KV connector's
+    asynchronous saves delay their freeing; a one-token request steps the engine)."""
+    from vllm import SamplingParams
+
+    for _ in range(50):
+        if llm.reset_prefix_cache():
+            return
+        llm.generate(["."], SamplingParams(max_tokens=1), use_tqdm=False)
+    raise RuntimeError("the prefix cache could not be reset")
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -160,6 +174,8 @@ def main() -> None:
             ignore_eos=True,
             extra_args=rnd.get("extra_args"),
         )
+        if rnd.get("reset_prefix_cache"):
+            reset_prefix_cache(llm)
         if rnd.get("abort"):
             abort_midway(llm, rnd["prompts"], params)
             result["rounds"].append([])

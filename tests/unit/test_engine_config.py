@@ -207,3 +207,66 @@ def test_the_connector_needs_one_kv_cache_group():
     assert _single_group(SimpleNamespace(kv_cache_groups=[group])) is group
     with pytest.raises(ValueError, match="one group, got 2"):
         _single_group(SimpleNamespace(kv_cache_groups=[group, group]))
+
+
+MOONCAKE = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
+OFFLOADING = {
+    "kv_connector": "OffloadingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": 2**26},
+}
+CHUNK_CHILD = {
+    "kv_connector": "ChunkCacheConnector",
+    "kv_connector_module_path": "vllm_ascend_chunk.connector",
+    "kv_role": "kv_both",
+}
+
+
+def multi(*children: dict) -> dict:
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": list(children)},
+    }
+
+
+def test_a_multi_connector_gets_the_chunk_cache_as_its_first_child(models_dir):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from vllm_ascend_chunk.connector import ChunkCacheMultiConnector
+
+    vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=multi(OFFLOADING, MOONCAKE))
+    kv = vllm_config.kv_transfer_config
+    assert engine_config.is_active(vllm_config)
+    assert KVConnectorFactory.get_connector_class(kv) is ChunkCacheMultiConnector
+    assert kv.kv_connector_extra_config["connectors"] == [CHUNK_CHILD, OFFLOADING, MOONCAKE]
+    assert engine_config._with_chunk_cache(kv) is kv  # configured once, whatever re-runs it
+    assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False  # all SupportsHMA
+
+
+def test_a_single_connector_is_wrapped_with_all_its_settings(models_dir):
+    vllm_config = engine_config_of(
+        models_dir / "tiny-llama", kv_transfer_config={**OFFLOADING, "kv_port": 4242}
+    )
+    kv = vllm_config.kv_transfer_config
+    chunk_cache, offloading = kv.kv_connector_extra_config["connectors"]
+    assert (kv.kv_connector, chunk_cache) == ("ChunkCacheMultiConnector", CHUNK_CHILD)
+    assert offloading == {**offloading, **OFFLOADING, "kv_port": 4242}
+    assert "engine_id" not in offloading  # MultiConnector gives every child the engine's
+
+
+def test_the_chunk_cache_listed_by_the_user_moves_first(models_dir):
+    vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=multi(MOONCAKE, CHUNK_CHILD))
+    assert vllm_config.kv_transfer_config.kv_connector_extra_config["connectors"] == [CHUNK_CHILD, MOONCAKE]
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [
+        {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"},
+        multi(MOONCAKE, {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}),
+    ],
+)
+def test_disaggregated_prefill_is_refused(models_dir, kv):
+    with pytest.raises(ValueError, match="disaggregated prefill \\(NixlConnector as kv_"):
+        engine_config_of(models_dir / "tiny-llama", kv_transfer_config=kv)

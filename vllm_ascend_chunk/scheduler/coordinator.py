@@ -273,6 +273,10 @@ class ChunkCacheCoordinator:
         if info is not None:
             self.users[request.request_id] = UserRequest(request=request, info=info)
 
+    def owns(self, request: Request) -> bool:
+        """A chunk-path request (registered) or a chunk prefill."""
+        return request.request_id in self.users or request.request_id in self.prefills
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:

@@ -2,7 +2,8 @@
 
 Selected automatically (`engine_config.configure`) as `ChunkCacheScheduler` or, with async
 scheduling, `ChunkCacheAsyncScheduler`. Everything else is vLLM's own scheduling. They reach the
-chunk cache only through vLLM's KV connector, `ChunkCacheConnector` (its scheduler role).
+chunk cache only through vLLM's KV connector: `ChunkCacheConnector` (its scheduler role), itself
+or a child of `ChunkCacheMultiConnector` next to other connectors.
 """
 
 from __future__ import annotations
@@ -16,25 +17,34 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from vllm_ascend_chunk.connector import chunk_cache_of
 from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
     from vllm_ascend_chunk.connector import ChunkCacheConnector
 
 
 class _ChunkCacheSchedulerMixin:
-    connector: ChunkCacheConnector
-    """Set by vLLM's scheduler; `engine_config.configure` makes it the chunk cache's."""
+    connector: KVConnectorBase_V1
+    """Set by vLLM's scheduler; `engine_config.configure` makes it the chunk cache or a
+    `ChunkCacheMultiConnector` holding it."""
+    chunk_cache: ChunkCacheConnector
+    """The chunk cache's connector (scheduler role), found in `connector`."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        chunk_cache = chunk_cache_of(self.connector)
+        assert chunk_cache is not None, "engine_config.configure sets the chunk cache's connector"
+        self.chunk_cache = chunk_cache
         hash_block_size = kwargs.get("hash_block_size") or self.block_size
         self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
         )
 
     def schedule(self):
-        for prefill in self.connector.plan():
+        for prefill in self.chunk_cache.plan():
             self.add_request(self._prefill_request(prefill))
         return super().schedule()
 
@@ -58,7 +68,7 @@ class _ChunkCacheSchedulerMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        hidden = self.connector.take_prefill_ids_to_hide()
+        hidden = self.chunk_cache.take_prefill_ids_to_hide()
         for eco in outputs.values():
             eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
             if eco.finished_requests:
@@ -67,21 +77,30 @@ class _ChunkCacheSchedulerMixin:
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)
-        self.connector.on_preempted(request)
+        self.chunk_cache.on_preempted(request)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """vLLM's reset; the chunk pool is always dropped with it (stale document KV, e.g. after
-        a weight update, must never be loaded), not only when `reset_connector` is asked."""
+        a weight update, must never be loaded), not only when `reset_connector` is asked (other
+        connectors' stores are reset only then, as vLLM does)."""
         reset = super().reset_prefix_cache(reset_running_requests, reset_connector)
         if not reset_connector:
-            self.connector.reset_cache()
+            self.chunk_cache.reset_cache()
         return reset
 
     def make_stats(self, *args, **kwargs):
-        """vLLM's stats plus the chunk cache payload, in the slot vLLM keeps for connector stats."""
+        """vLLM's stats plus the chunk cache payload, in the slot vLLM keeps for connector stats;
+        next to other connectors, under its class name among theirs, as `MultiConnector` keeps
+        them (in the serialized form `{"data": ...}` it rebuilds by connector name)."""
         stats = super().make_stats(*args, **kwargs)
-        if stats is not None:
-            stats.kv_connector_stats = self.connector.stats_payload()
+        if stats is None:
+            return stats
+        payload = self.chunk_cache.stats_payload()
+        if self.connector is self.chunk_cache:
+            stats.kv_connector_stats = payload
+        else:
+            name = type(self.chunk_cache).__name__
+            stats.kv_connector_stats = {**(stats.kv_connector_stats or {}), name: {"data": payload}}
         return stats
 
 

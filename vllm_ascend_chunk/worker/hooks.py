@@ -1,7 +1,8 @@
 """Entry points for the vLLM patches on the worker side (model runner).
 
 The hooks find this worker's chunk cache the way vLLM's runner finds its KV connector (the KV
-transfer group), and hand it what it needs as explicit values. `prepare_step` reads the step
+transfer group, in which `connector.chunk_cache_of` finds it), and hand it what it needs as
+explicit values. `prepare_step` reads the step
 metadata from the scheduler output: positions are prepared before vLLM binds the metadata to
 the connector (around the forward), where `start_load_kv` and `wait_for_save` read it.
 """
@@ -17,19 +18,19 @@ if TYPE_CHECKING:
 def _chunk_worker() -> ChunkCacheWorker | None:
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    from vllm_ascend_chunk.connector import ChunkCacheConnector
+    from vllm_ascend_chunk.connector import chunk_cache_of
 
-    group = get_kv_transfer_group() if has_kv_transfer_group() else None
-    return group.chunk_worker if isinstance(group, ChunkCacheConnector) else None
+    chunk_cache = chunk_cache_of(get_kv_transfer_group() if has_kv_transfer_group() else None)
+    return chunk_cache.chunk_worker if chunk_cache is not None else None
 
 
 def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> None:
     """`GPUModelRunner._prepare_inputs` (vllm-ascend: `NPUModelRunner`), right after the slot
     mapping is computed from the logical positions: the RoPE positions of this step's tokens."""
-    from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+    from vllm_ascend_chunk.connector import chunk_step_metadata
 
-    meta = scheduler_output.kv_connector_metadata
-    if not isinstance(meta, ChunkCacheStepMetadata) or not meta.position_shifts:
+    meta = chunk_step_metadata(scheduler_output.kv_connector_metadata)
+    if meta is None or not meta.position_shifts:
         return
     if (worker := _chunk_worker()) is not None:
         worker.shift_positions(
