@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.mooncake_procs import MooncakeProcs
+from tools.mooncake_store import MooncakeProcs
 from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
 
 

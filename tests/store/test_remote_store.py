@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from tests.helpers.mooncake_procs import MooncakeProcs, wait_for
+from tools.mooncake_store import MooncakeProcs, wait_for
 from vllm_ascend_chunk.worker.kv_object import KVHeader, encode
 from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
 

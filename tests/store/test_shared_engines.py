@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.engine.test_chunk_engines import check_round
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
-from tests.helpers.mooncake_procs import MooncakeProcs, free_port
+from tools.mooncake_store import MooncakeProcs, free_port
 
 
 def remote_env(procs_or_master: MooncakeProcs | str, **extra: str) -> dict[str, str]:

@@ -13,8 +13,8 @@ import pytest
 
 from tests.helpers import chunk_cases as cc
 from tests.helpers import server_utils
-from tests.helpers.mooncake_procs import MooncakeProcs
 from tests.store.test_shared_engines import remote_env
+from tools.mooncake_store import MooncakeProcs
 
 
 @pytest.fixture(scope="module")

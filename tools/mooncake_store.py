@@ -1,6 +1,10 @@
-"""Real Mooncake Store processes on loopback for tests: a master (with its embedded HTTP metadata
-server) and a standalone store process (`mooncake_client`) that holds the memory, so the clients
-under test contribute none (Mooncake's "standalone-store" mode)."""
+"""Real Mooncake Store processes on loopback, for the tests, the tier benchmark and trying the
+remote tier on one machine: a master (with its embedded HTTP metadata server) and a standalone
+store process (`mooncake_client`) that holds the memory, so the clients contribute none
+(Mooncake's "standalone-store" mode).
+
+    python -m tools.mooncake_store      # a 4 GiB store until Ctrl-C; prints the settings
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from pathlib import Path
 from vllm_ascend_chunk.worker.remote_store import RemoteStoreConfig
 
 STORE_BYTES = 256 << 20
-"""Memory the store process contributes."""
+"""Memory the store process contributes (by default)."""
 
 
 def free_port() -> int:
@@ -47,8 +51,9 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.05) -
 class MooncakeProcs:
     """A master and a store process, started and stopped on demand; logs under `log_dir`."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, store_bytes: int = STORE_BYTES) -> None:
         self.log_dir = log_dir
+        self.store_bytes = store_bytes
         self.rpc_port, self.metadata_port, self.metrics_port, self.store_port = (
             free_port() for _ in range(4)
         )
@@ -78,7 +83,7 @@ class MooncakeProcs:
             "mooncake_client",
             f"-master_server_address={self.master_address}",
             f"-metadata_server={self.metadata_server}",
-            f"-global_segment_size={STORE_BYTES}",
+            f"-global_segment_size={self.store_bytes}",
             "-host=127.0.0.1",
             f"-port={self.store_port}",
             "-protocol=tcp",
@@ -105,7 +110,7 @@ class MooncakeProcs:
             self.wait_store()
 
     def wait_store(self, timeout_s: float = 15) -> None:
-        wait_for(lambda: self._capacity() >= STORE_BYTES, timeout_s, "Mooncake store process registered")
+        wait_for(lambda: self._capacity() >= self.store_bytes, timeout_s, "Mooncake store process registered")
 
     def kill_master(self) -> None:
         self._end(self.master, signal.SIGKILL)
@@ -163,3 +168,27 @@ class MooncakeProcs:
             if line.startswith("master_total_capacity_bytes "):
                 return int(float(line.split()[1]))
         return 0
+
+
+def main() -> None:
+    """Start a loopback store, print the settings that point an instance at it, wait for Ctrl-C."""
+    import tempfile
+
+    procs = MooncakeProcs(Path(tempfile.mkdtemp(prefix="mooncake-")), store_bytes=4 << 30).start()
+    print(
+        f"export VLLM_CHUNK_CACHE_REMOTE_MASTER={procs.master_address} "
+        f"VLLM_CHUNK_CACHE_REMOTE_METADATA={procs.metadata_server} "
+        f"VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST=127.0.0.1\n"
+        f"(4 GiB store, logs in {procs.log_dir}; Ctrl-C stops it)",
+        flush=True,
+    )
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        procs.stop()
+
+
+if __name__ == "__main__":
+    main()
