@@ -51,9 +51,11 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.05) -
 class MooncakeProcs:
     """A master and a store process, started and stopped on demand; logs under `log_dir`."""
 
-    def __init__(self, log_dir: Path, store_bytes: int = STORE_BYTES) -> None:
+    def __init__(self, log_dir: Path, store_bytes: int = STORE_BYTES, lease_ms: int = 10_000) -> None:
         self.log_dir = log_dir
         self.store_bytes = store_bytes
+        self.lease_ms = lease_ms
+        """How long a read holds an object (Mooncake's default): a read slower than this fails."""
         self.rpc_port, self.metadata_port, self.metrics_port, self.store_port = (
             free_port() for _ in range(4)
         )
@@ -102,8 +104,7 @@ class MooncakeProcs:
             f"-http_metadata_server_port={self.metadata_port}",
             "-metrics_host=127.0.0.1",
             f"-metrics_port={self.metrics_port}",
-            # Short leases: objects just read can be removed or replaced by the tests at once.
-            "-default_kv_lease_ttl=100",
+            f"-default_kv_lease_ttl={self.lease_ms}",
         )
         wait_for(lambda: self._metrics() is not None, 10, "Mooncake master")
         if self.store is not None:

@@ -221,6 +221,8 @@ class RemoteStore:
                 present = client.is_exist(name)
                 if present == 0:
                     self._settle(pending, None, "misses")
+                elif present == 1:  # this object's read failed (e.g. its lease expired): not an outage
+                    self._settle(pending, None, "errors")
                 else:
                     self._read_failed(pending, f"reading {name!r} failed (exists: {present})")
                 return
