@@ -78,6 +78,7 @@ def remote_env(store: MooncakeProcs) -> dict[str, str]:
 def send(srv: VllmServer, workload: rag_workload.RagWorkload, requests, what: str) -> list[dict]:
     """Requests one at a time: TTFT and which tier served each document (metrics deltas)."""
     client = openai_client(srv.url, timeout=900)
+    client.completions.create(model=NAME, prompt="warm up", max_tokens=2)  # a fresh server's first
     samples = []
     before = read_counters(srv)
     for req in requests:

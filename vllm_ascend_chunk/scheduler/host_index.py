@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from vllm_ascend_chunk.paging import pages_for, slot_of
+from vllm_ascend_chunk.paging import lru_victims, pages_for, slot_of
 
 
 @dataclass(eq=False)
@@ -59,15 +59,9 @@ class HostIndex:
         """Pages for a new copy of `key`, evicting least recently used copies that are not being
         read; None (nothing changed) if they cannot be made free. The key must not be stored yet."""
         needed = pages_for(num_tokens, self.page_size)
-        victims = []
-        free = len(self.free_pages)
-        for entry in self.entries.values():
-            if free >= needed:
-                break
-            if entry.key not in self.reading:
-                victims.append(entry)
-                free += len(entry.pages)
-        if free < needed:
+        replaceable = (e for e in self.entries.values() if e.key not in self.reading)
+        victims = lru_victims(replaceable, max(0, needed - len(self.free_pages)))
+        if victims is None:
             return None
         for entry in victims:
             self._free(entry)

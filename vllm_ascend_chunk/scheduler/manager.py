@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_ascend_chunk.paging import pages_for, slot_of
+from vllm_ascend_chunk.paging import lru_victims, pages_for, slot_of
 from vllm_ascend_chunk.scheduler.host_index import HostIndex
 
 
@@ -310,13 +310,8 @@ class ChunkCacheManager:
         shortfall = pages - len(self.free_pages)
         if shortfall <= 0:
             return True
-        victims, freed = [], 0
-        for entry in self._evictable(protect):
-            if freed >= shortfall:
-                break
-            victims.append(entry)
-            freed += len(entry.pages)
-        if freed < shortfall:
+        victims = lru_victims(self._evictable(protect), shortfall)
+        if victims is None:
             return False
         for entry in victims:
             self._evict(entry)
