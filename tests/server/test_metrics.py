@@ -106,8 +106,9 @@ def test_periodic_log_line_has_hit_rate_and_pool_usage(tiny_llama_llm, monkeypat
     stat_logger.log()
     assert any("Engine 000: Avg prompt throughput" in line for line in lines)
     assert (
-        "KV Transfer metrics: chunk_hits=9, chunk_misses=1, chunk_hit_rate=90.0%, chunk_prefills=0, "
-        "evictions=0, pool_usage=50.0%, pinned_entries=0"
+        "KV Transfer metrics: chunk_hits=9, host_hits=0, remote_hits=0, chunk_misses=1, "
+        "chunk_hit_rate=90.0%, chunk_prefills=0, evictions=0, pool_usage=50.0%, host_usage=0.0%, "
+        "remote_errors=0, pinned_entries=0"
     ) in lines
 
 
