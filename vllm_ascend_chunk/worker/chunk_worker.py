@@ -167,4 +167,4 @@ def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
         tp_size=get_tensor_model_parallel_world_size(),
     )
     logger.info("Chunk Cache: remote tier %s", remote.describe())
-    return RemoteTier(store, geometry, identity, remote.timeout_s)
+    return RemoteTier(store, geometry, identity)

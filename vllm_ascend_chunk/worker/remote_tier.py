@@ -37,13 +37,10 @@ def object_name(key: bytes, identity: ShardIdentity) -> str:
 
 
 class RemoteTier:
-    def __init__(
-        self, store: RemoteStore, geometry: PoolGeometry, identity: ShardIdentity, timeout_s: float
-    ) -> None:
+    def __init__(self, store: RemoteStore, geometry: PoolGeometry, identity: ShardIdentity) -> None:
         self.store = store
         self.geometry = geometry
         self.identity = identity
-        self.timeout_s = timeout_s
         self._reads: list[tuple[RemoteRead, concurrent.futures.Future]] = []
         self._reported_up: bool | None = None
         self._reported_counters: dict[str, int] | None = None
@@ -76,7 +73,7 @@ class RemoteTier:
     def finish(self, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
         """Wait (up to the timeout) for the reads started this step, write the objects that came
         into their rows, and report them; None when there is nothing new to report."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.store.config.timeout_s
         reads: dict[int, bool] = {}
         for read, future in self._reads:
             try:
