@@ -22,6 +22,7 @@ Faults:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -151,6 +152,9 @@ class RemoteStore:
         )
         self._writer.start()
         self._connector.start()
+        # A process that exits without `close` (an offline `LLM` script) would end inside
+        # Mooncake's threads: the C++ runtime aborts the process (SIGABRT) on the way out.
+        atexit.register(self.close)
 
     @property
     def up(self) -> bool:
@@ -200,7 +204,10 @@ class RemoteStore:
 
     def close(self) -> None:
         """Stop the threads (queued writes are written first; in-flight reads finish or time out)
-        and close the Mooncake client."""
+        and close the Mooncake client. Idempotent; also run at interpreter exit."""
+        atexit.unregister(self.close)
+        if self._closed.is_set():
+            return
         self._closed.set()
         self._queue.put(None)
         self._writer.join()
