@@ -19,11 +19,37 @@ KVWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 KVLoader = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Rotation | None], None]
 """`load(pool_key [R, H, D], pool_value [R, H, D], rows [T], slots [T], rotation)`."""
 
+STAGING_ROWS = 8192
+"""Rows a gathering loader moves at a time: its staging memory is two pieces, not the whole load."""
+
+
+class Staging:
+    """Reusable K and V gather buffers of `STAGING_ROWS` rows, shared by every layer's loader.
+
+    On the CPU a fresh multi-MB tensor per layer and step costs more in page faults than the
+    gather itself (36 MB: 17 ms into a new tensor, 3 ms into a warm one), and a warm 32 x 1K
+    request gathers 0.4 GB. Layers load one after another, so one pair serves them all.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def take(self, like: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `rows` rows (at most `STAGING_ROWS`) of K and V buffers shaped like `like`'s rows."""
+        shape = (STAGING_ROWS, *like.shape[1:])
+        buffers = self._buffers
+        if buffers is None or buffers[0].shape != shape or buffers[0].dtype != like.dtype:
+            buffers = self._buffers = tuple(
+                torch.empty(shape, dtype=like.dtype, device=like.device) for _ in "kv"
+            )
+        return buffers[0][:rows], buffers[1][:rows]
+
 
 def make_kv_loader(
-    kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer, vllm_config
+    kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer, vllm_config, staging: Staging
 ) -> KVLoader:
-    """The pool → paged-cache loader for one layer on the current platform."""
+    """The pool → paged-cache loader for one layer on the current platform (`staging`: the
+    buffers the gathering loaders of every layer share)."""
     from vllm.platforms import current_platform
 
     if current_platform.is_cuda_alike():
@@ -49,10 +75,14 @@ def make_kv_loader(
         slots: torch.Tensor,
         rotation: Rotation | None,
     ) -> None:
-        key = pool_k.index_select(0, rows)
-        if rotation is not None:
-            rotate(rotation, key)
-        write(key, pool_v.index_select(0, rows), slots)
+        for start in range(0, len(rows), STAGING_ROWS):
+            piece = slice(start, start + STAGING_ROWS)
+            key, value = staging.take(pool_k, len(rows[piece]))
+            torch.index_select(pool_k, 0, rows[piece], out=key)
+            if rotation is not None:
+                rotate(rotation.piece(piece), key)
+            torch.index_select(pool_v, 0, rows[piece], out=value)
+            write(key, value, slots[piece])
 
     return load
 

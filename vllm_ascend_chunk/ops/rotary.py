@@ -108,6 +108,10 @@ class Rotation:
     def apply_(self, keys: torch.Tensor) -> torch.Tensor:
         return apply_rotation_(keys, self.cos, self.sin, self.spec)
 
+    def piece(self, rows: slice) -> Rotation:
+        """The correction of `rows` of this load."""
+        return Rotation(self.spec, self.cos[rows], self.sin[rows])
+
 
 def rerotate_keys_(keys: torch.Tensor, deltas: torch.Tensor, spec: RotarySpec) -> torch.Tensor:
     """Rotate ``keys`` [T, H, head_size] in place by ``deltas`` [T] positions; returns ``keys``."""

@@ -69,6 +69,8 @@ class _ChunkCacheSchedulerMixin:
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         hidden = self.chunk_cache.take_prefill_ids_to_hide()
+        if not hidden:
+            return outputs
         for eco in outputs.values():
             eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
             if eco.finished_requests:

@@ -22,7 +22,7 @@ from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.ops.kv_read import make_kv_reader
-from vllm_ascend_chunk.ops.kv_write import make_kv_loader
+from vllm_ascend_chunk.ops.kv_write import Staging, make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
@@ -53,7 +53,10 @@ class ChunkCacheWorker:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = self.vllm_config.compilation_config.static_forward_context
-        loaders = [make_kv_loader(kv, layers.get(n), self.vllm_config) for n, kv in kv_caches.items()]
+        staging = Staging()
+        loaders = [
+            make_kv_loader(kv, layers.get(n), self.vllm_config, staging) for n, kv in kv_caches.items()
+        ]
         readers = [make_kv_reader(kv, self.vllm_config) for kv in kv_caches.values()]
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
