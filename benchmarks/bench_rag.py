@@ -354,7 +354,9 @@ def server_itl(
 def run_itl(args, log_dir: Path) -> dict:
     """Decode cost: the chunk-off (`prefix`) and chunk-on (`chunk`) servers both up, taking turns
     on the same prompts (which goes first alternates), so drifting load on the cores falls on both
-    alike. `args.itl_tokens` streamed tokens per request, ignore_eos. ITL per request: vLLM's own
+    alike; the server not measured is paused (SIGSTOP) meanwhile, or it takes the cores now and
+    then (seen: hits of 30 ms took 500-1,000 ms, with slow decodes, about once per round).
+    `args.itl_tokens` streamed tokens per request, ignore_eos. ITL per request: vLLM's own
     inter-token latency histogram (engine-core timestamps), and as the client saw it (the mean
     gap between streamed token events after the first)."""
     _, prompts = itl_prompts(args)
@@ -388,9 +390,13 @@ def run_itl(args, log_dir: Path) -> dict:
         for i, (kind, prompt) in enumerate(prompts):
             order = ("prefix", "chunk") if i % 4 < 2 else ("chunk", "prefix")
             for config in order:
-                before = servers[config].metrics()
-                r = ttft_request(clients[config], args.served_name, prompt, args.itl_tokens, ignore_eos=True)
-                itl = server_itl(servers[config], before, r["completion_tokens"])
+                (other,) = (s for c, s in servers.items() if c != config)
+                with other.paused():
+                    before = servers[config].metrics()
+                    r = ttft_request(
+                        clients[config], args.served_name, prompt, args.itl_tokens, ignore_eos=True
+                    )
+                    itl = server_itl(servers[config], before, r["completion_tokens"])
                 sample = {
                     "index": i,
                     "kind": kind,

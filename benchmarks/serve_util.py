@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 _RUNNING: set[VllmServer] = set()
@@ -171,6 +171,16 @@ class VllmServer:
 
     def metrics(self) -> dict[str, float]:
         return parse_prometheus(scrape(self.url))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The whole server stopped (SIGSTOP to its process group) inside the block: an idle
+        server next to a measured one still takes the cores now and then."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self.proc.pid, signal.SIGCONT)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Terminate the server's process group (API server and engine core); kill it if needed."""
