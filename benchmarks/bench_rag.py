@@ -1088,7 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
     streams = concurrency_streams(args, workload) if args.concurrency else {}
     started = time.perf_counter()
     report = {
-        "command": shlex.join([Path(sys.executable).name, *sys.argv])
+        "command": portable(shlex.join([Path(sys.executable).name, *sys.argv]))
         if argv is None
         else shlex.join(["bench_rag.py", *argv]),
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

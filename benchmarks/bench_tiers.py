@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     try:
         store.start()
         report = {
-            "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+            "command": portable(" ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])),
             "model": portable(args.model),
             "corpus_documents": args.corpus,
             "corpus_factor": args.corpus_factor,

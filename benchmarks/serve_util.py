@@ -31,13 +31,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def portable(text: str | Path) -> str:
     """`text` (a path, or a command line of words) naming no machine's directories, for results:
-    paths in this checkout relative to it, existing files elsewhere by their name."""
+    paths in this checkout relative to it, other absolute paths (existing or about to be
+    written) and existing relative ones outside it by their name."""
     words = []
     for word in str(text).split(" "):
         path = Path(word)
         if word.startswith(f"{REPO}{os.sep}"):
             word = word[len(str(REPO)) + 1 :]
-        elif os.sep in word and path.exists() and REPO not in path.resolve().parents:
+        elif os.sep in word and (path.is_absolute() or path.exists()) and REPO not in path.resolve().parents:
             word = path.name
         words.append(word)
     return " ".join(words)
