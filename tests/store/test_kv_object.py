@@ -9,7 +9,15 @@ import struct
 import pytest
 import torch
 
-from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, MAGIC, KVHeader, KVObjectError, decode, encode
+from vllm_ascend_chunk.worker.kv_object import (
+    FORMAT_VERSION,
+    MAGIC,
+    KVHeader,
+    KVObjectError,
+    decode,
+    encode,
+    object_size,
+)
 
 
 def header(dtype: torch.dtype = torch.float32, **changes) -> KVHeader:
@@ -42,7 +50,9 @@ def reason(blob: bytes | bytearray, expected: KVHeader) -> str:
 def test_roundtrip(dtype: torch.dtype) -> None:
     h = header(dtype)
     kv = kv_for(h)
-    out = decode(encode(h, kv), h)
+    blob = encode(h, kv)
+    assert object_size(h) == len(blob)  # what a reader fetches, in parts, before decoding
+    out = decode(blob, h)
     assert out.dtype == dtype and out.shape == kv.shape
     assert torch.equal(out, kv)
     assert h.version == FORMAT_VERSION

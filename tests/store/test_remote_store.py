@@ -119,6 +119,31 @@ def test_a_process_that_exits_without_close_ends_cleanly_with_its_writes(
         assert out is not None and torch.equal(out, kv_for(h, 7))
 
 
+def test_objects_larger_than_the_transfer_buffer_go_in_parts(
+    mooncake: MooncakeProcs, remote_store: MakeStore
+) -> None:
+    """A 1K-token document of an 8B model is ~128 MiB: over Mooncake's 64 MiB client buffer,
+    which one get or put cannot exceed (before parts, such writes failed and took the tier down)."""
+    store = connected(mooncake, remote_store)
+    h = header("doc-big", num_tokens=640, num_layers=16, num_kv_heads=8, head_size=128)  # 80 MiB
+    kv = kv_for(h)
+    written(store, "doc-big", h, kv)
+    out, _ = get(store, "doc-big", h)
+    assert out is not None and torch.equal(out, kv)
+    assert store.stats().errors == 0 and store.up
+
+
+def test_an_object_missing_a_part_is_a_miss(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
+    store = connected(mooncake, remote_store, part_bytes=16 << 10)
+    h = header("doc-parts")  # 64 KiB and a header: five parts
+    written(store, "doc-parts", h, kv_for(h))
+    assert get(store, "doc-parts", h)[0] is not None
+    # Its first part alone, as if the others were evicted.
+    assert raw_client(mooncake).put("doc-lone", encode(header("doc-lone"), kv_for(h))[: 16 << 10]) == 0
+    out, _ = get(store, "doc-lone", header("doc-lone"))
+    assert out is None and store.stats().misses == 1 and store.stats().errors == 0
+
+
 def test_misses(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
     store = connected(mooncake, remote_store)
     assert get(store, "absent", header("absent"))[0] is None

@@ -83,10 +83,19 @@ def encode(header: KVHeader, kv: torch.Tensor) -> bytes:
             f"({header.shape} {header.dtype} on cpu)"
         )
     payload = memoryview(kv.contiguous().view(-1).view(torch.uint8).numpy())
-    meta = json.dumps(dataclasses.asdict(header), sort_keys=True, separators=(",", ":")).encode()
+    meta = _meta(header)
     return b"".join(
         (MAGIC, _LENGTH.pack(len(meta)), meta, _CHECKSUM.pack(xxhash.xxh3_64_intdigest(payload)), payload)
     )
+
+
+def object_size(header: KVHeader) -> int:
+    """The length of `encode(header, kv)`: what a reader expecting `header` fetches."""
+    return len(MAGIC) + _LENGTH.size + len(_meta(header)) + _CHECKSUM.size + header.payload_bytes
+
+
+def _meta(header: KVHeader) -> bytes:
+    return json.dumps(dataclasses.asdict(header), sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode(blob: bytes | memoryview, expected: KVHeader) -> torch.Tensor:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend_chunk.worker.kv_object import KVHeader, KVObjectError, decode, encode
+from vllm_ascend_chunk.worker.kv_object import KVHeader, KVObjectError, decode, encode, object_size
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -59,7 +59,10 @@ class RemoteStoreConfig:
     """Memory this client contributes to the store; 0: a separate store process holds the data
     (Mooncake's "standalone-store" mode)."""
     buffer_bytes: int = 64 * _MIB
-    """The client's local transfer buffer."""
+    """The client's local transfer buffer: one get or put moves at most this much."""
+    part_bytes: int = 16 * _MIB
+    """Objects larger than this are stored in parts of this size (a buffer holds one part of
+    each concurrent transfer: two reads and a write)."""
     timeout_s: float = 5.0
     """Bound on one get."""
     retry_s: float = 5.0
@@ -223,6 +226,12 @@ class RemoteStore:
     def _read(self, client: Any, name: str, header: KVHeader, pending: _PendingGet) -> None:
         try:
             blob = client.get(name)
+            if blob and (rest := self._part_names(name, object_size(header))[1:]):
+                parts = [blob, *(client.get(part) for part in rest)]
+                if not all(parts):  # a part evicted, or not written: the object is incomplete
+                    self._settle(pending, None, "misses")
+                    return
+                blob = b"".join(parts)
             if not blob:
                 # Mooncake answers b"" for absent objects and for failures alike.
                 present = client.is_exist(name)
@@ -287,7 +296,7 @@ class RemoteStore:
             return
         try:
             present = client.is_exist(name)
-            rc = client.put(name, blob) if present == 0 else None
+            rc = self._put_parts(client, name, blob) if present == 0 else None
         except Exception as e:  # the Mooncake binding: whatever it raises is a store error
             present, rc = -1, repr(e)
         if present == 1:
@@ -297,6 +306,21 @@ class RemoteStore:
         else:
             self._failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
             self._count("errors")
+
+    def _part_names(self, name: str, size: int) -> list[str]:
+        """The objects an object of `size` bytes is stored as: `name`, then `name/part<i>`."""
+        count = max(1, -(-size // self.config.part_bytes))
+        return [name, *(f"{name}/part{i}" for i in range(1, count))]
+
+    def _put_parts(self, client: Any, name: str, blob: bytes) -> int:
+        """Put `blob` as its parts, the first one (`name`, what readers look for) last; the first
+        nonzero return code, or 0."""
+        step = self.config.part_bytes
+        names = self._part_names(name, len(blob))
+        for i in [*range(1, len(names)), 0]:
+            if rc := client.put(names[i], blob[i * step : (i + 1) * step]):
+                return rc
+        return 0
 
     def _count(self, counter: str, bytes_written: int = 0) -> None:
         with self._lock:
