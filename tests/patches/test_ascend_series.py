@@ -1,6 +1,6 @@
 """The vllm-ascend patch series without an NPU, against the pristine 0.23.0.post1 sdist (downloaded
 once, cached in the user cache folder): apply, check, revert, idempotence, refusals,
-byte-compilation and regeneration. The NPU ops and the self-check: `tests/unit/test_npu_ops.py`.
+byte-compilation and regeneration. The NPU ops and the self-check: `tests/kernels/test_npu_ops.py`.
 """
 
 from __future__ import annotations

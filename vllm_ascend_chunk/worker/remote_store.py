@@ -315,10 +315,10 @@ class RemoteStore:
     def _put_parts(self, client: Any, name: str, blob: bytes) -> int:
         """Put `blob` as its parts, the first one (`name`, what readers look for) last; the first
         nonzero return code, or 0."""
-        step = self.config.part_bytes
+        step, view = self.config.part_bytes, memoryview(blob)  # parts as views: no copies
         names = self._part_names(name, len(blob))
         for i in [*range(1, len(names)), 0]:
-            if rc := client.put(names[i], blob[i * step : (i + 1) * step]):
+            if rc := client.put(names[i], view[i * step : (i + 1) * step]):
                 return rc
         return 0
 
