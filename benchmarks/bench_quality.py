@@ -2,7 +2,7 @@
 """Answer quality of the chunk layouts on a real model, through vLLM.
 
 Every configuration gets the same token ids, `SYS + C_1 + ... + C_n + Q`, in a fresh engine
-(its own process; `LLM.generate` in-process, float32, greedy):
+(its own process; `LLM.generate` in-process, float32 unless `--dtype`, greedy):
 
 | configuration | engine | request |
 |---|---|---|
@@ -111,7 +111,7 @@ def worker(spec_path: Path, out_path: Path) -> None:
     start = time.time()
     llm = LLM(
         spec["model"],
-        dtype="float32",
+        dtype=spec["dtype"],
         seed=0,
         max_model_len=spec["max_model_len"],
         enable_prefix_caching=config["prefix_caching"],
@@ -296,6 +296,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--dtype", default="float32", help="engine dtype (bfloat16 on a GPU)")
     ap.add_argument("--configs", nargs="+", default=["full", "overlap", "sequential"], choices=list(CONFIGS))
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument(
@@ -376,6 +377,7 @@ def main() -> None:
                 "max_tokens": args.max_tokens,
                 "max_model_len": args.max_model_len,
                 "enforce_eager": args.enforce_eager,
+                "dtype": args.dtype,
             }
             spec_path, out_path = Path(tmp) / f"{name}.spec.json", Path(tmp) / f"{name}.out.json"
             spec_path.write_text(json.dumps(spec))

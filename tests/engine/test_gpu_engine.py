@@ -110,7 +110,7 @@ def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_ref
 
 
 def check_engine(name: str, models_dir: Path, layout: str) -> None:
-    model, raw_tok = cc.reference_tools(models_dir, name)
+    raw_tok = cc.reference_tools(models_dir, name)[1]
     ordinary = [cc.document(300 + i, 120) for i in range(3)]
     docs = [cc.document(310 + i, 90) for i in range(4)] + [cc.UNICODE_DOC]
     cold = [cc.chunked(cc.SYS, docs[:3], "What is first?"), cc.chunked(cc.SYS, docs[2:], "Which is French?")]
@@ -144,7 +144,22 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
         {"prompts": reuse, "batch": True, "max_tokens": 16},
     ]
     env = {**ENV, "VLLM_CHUNK_CACHE_LAYOUT": layout}
-    result = run_engine(models_dir / name, rounds, ENGINE, env, dtype=DTYPE)
+    check_against_reference(f"{name}-{layout}", models_dir, name, rounds, ENGINE, env, layout)
+
+
+def check_against_reference(
+    report: str,
+    models_dir: Path,
+    name: str,
+    rounds: list[dict],
+    engine: dict,
+    env: dict,
+    layout: str = "overlap",
+) -> dict:
+    """Runs `rounds` (the first: ordinary prompts, the engine's noise) and checks every later answer
+    against the HF reference within the derived tolerance; records and returns the result."""
+    model, raw_tok = cc.reference_tools(models_dir, name)
+    result = run_engine(models_dir / name, rounds, engine, env, dtype=DTYPE)
     delta = noise(model, result["rounds"][0])
     assert delta < 0.25, f"{name}: the engine is {delta:.3f} from the reference on ordinary prompts"
     tol = max(4 * delta, 2e-3)
@@ -154,11 +169,11 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
             continue
         for prompt, out in zip(rnd["prompts"] + rnd.get("late", []), res, strict=True):
             ref = reference_of(model, raw_tok, prompt, len(out["tokens"]), layout)
-            compared.append(compare(out, ref, tol, f"{name} {layout} round {r}"))
+            compared.append(compare(out, ref, tol, f"{report} round {r}"))
     for state in result["states"]:
         assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0, state
     record(
-        f"{name}-{layout}",
+        report,
         {
             "engine": result["engine"],
             "delta": delta,
@@ -167,12 +182,14 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
             "steps": sum(c["steps"] for c in compared),
             "near_tie_stops": sum(c["stopped_at_near_tie"] is not None for c in compared),
             "worst_logprob_diff": max(c["worst"] for c in compared),
+            "cached": [[out.get("cached") for out in res] for res in result["rounds"]],
             "states": result["states"],
         },
     )
     if not ON_CPU:
         assert result["engine"]["dtype"] == "torch.bfloat16"
         assert not result["engine"]["enforce_eager"], result["engine"]
+    return result
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
@@ -183,3 +200,71 @@ def test_overlap_in_bf16_with_graphs_and_async_scheduling(models_dir: Path, name
 def test_sequential_in_bf16_loads_through_the_triton_kernel(models_dir: Path):
     """Llama3 rope scaling: the loads re-rotate keys in the fused Triton kernel inside the engine."""
     check_engine("tiny-llama3", models_dir, "sequential")
+
+
+# tiny-llama's K/V per token in bf16: 2 layers x (K, V) x 2 heads x 32 x 2 bytes.
+TINY_LLAMA_TOKEN_BYTES = 2 * 2 * 2 * 32 * (4 if ON_CPU else 2)
+POOL_PAGES = 32
+
+
+def test_host_tier_copies_evicted_documents_back_into_the_pool(models_dir: Path):
+    """A pool of 32 pages and 12 documents of ~7 pages: evicted entries go to (pinned) host memory
+    and are copied back into the pool on the device instead of computed again."""
+    pool_bytes = POOL_PAGES * 16 * TINY_LLAMA_TOKEN_BYTES
+    env = {
+        "VLLM_CHUNK_CACHE_SIZE_GB": str(pool_bytes / 2**30),
+        "VLLM_CHUNK_CACHE_HOST_GB": str(4 * pool_bytes / 2**30),
+    }
+    docs = [cc.document(300 + i, 100) for i in range(12)]
+    sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    prompts = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
+    shuffled = [cc.chunked(cc.SYS, [docs[i] for i in s[::-1]], f"Again {s}?") for s in sets]
+    ordinary = [cc.document(340 + i, 120) for i in range(2)]
+    rounds = [
+        {"prompts": ordinary, "batch": True, "max_tokens": 16},
+        {"prompts": prompts, "max_tokens": 8},
+        {"prompts": shuffled, "max_tokens": 8},
+        {"prompts": prompts, "batch": True, "max_tokens": 8},
+    ]
+    result = check_against_reference("host-tier", models_dir, "tiny-llama", rounds, ENGINE, env)
+    cold, warm, batched = result["states"][1:]
+    assert cold["evictions"] > 0 and cold["host_bytes_written"] > 0, cold
+    assert warm["host_hits"] >= 9 and warm["host_bytes_read"] > 0, warm
+    assert batched["chunk_prefills"] == warm["chunk_prefills"], batched
+
+
+def test_chunk_cache_next_to_offloading_connector(models_dir: Path):
+    """vLLM's OffloadingConnector (CPU offloading, CUDA only) beside the chunk cache in a
+    MultiConnector: chunked and ordinary prompts answered as the reference, cold and after a reset of
+    the prefix cache; the ordinary prompts are then loaded back from the offloaded blocks."""
+    offloading = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28},
+    }
+    engine = {
+        **ENGINE,
+        "kv_transfer_config": {
+            "kv_connector": "MultiConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": [offloading]},
+        },
+    }
+    docs = [cc.document(500 + i, 150 + 20 * i) for i in range(3)]
+    chunked = [
+        cc.chunked(cc.SYS, docs[:2], "What is first?"),
+        cc.chunked(cc.SYS, [docs[2], docs[0]], "And the other one?"),
+    ]
+    ordinary = [cc.document(600, 400), cc.document(601, 300) + " What is it about?"]
+    rounds = [
+        {"prompts": [cc.document(610, 120)], "max_tokens": 16},
+        {"prompts": chunked + ordinary, "max_tokens": 8},
+        {"prompts": chunked + ordinary, "max_tokens": 8, "reset_prefix_cache": True},
+    ]
+    result = check_against_reference("offloading-connector", models_dir, "tiny-llama", rounds, engine, ENV)
+    assert result["engine"]["scheduler"] == "ChunkCacheScheduler"
+    cold, after_reset = result["states"][1:]
+    assert (cold["hits"], cold["misses"]) == (1, 3), cold
+    assert after_reset["misses"] - cold["misses"] == 3, after_reset  # the pool was dropped
+    # Loaded from the offloaded blocks: the prefix cache was empty after the reset.
+    assert all(res["cached"] > 0 for res in result["rounds"][2][2:]), result["rounds"][2][2:]
