@@ -31,6 +31,7 @@ def main() -> int:
     opts = ap.parse_args()
     # The benchmark's server settings (float32, max_model_len 8192, 4 GiB KV of which 1 GiB pool).
     args = bench_rag.build_parser().parse_args(["--model", str(opts.model)])
+    bench_rag.resolve_defaults(args)
     args.served_name = opts.model.name
     workload = rag_workload.build_workload(
         sweep_sizes=(1, 2, 4, 8),

@@ -89,7 +89,7 @@ class VllmServer:
         model: str | Path,
         args: Sequence[str] = (),
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         log_path: str | Path | None = None,
         port: int | None = None,
         start_timeout: float = 300.0,
@@ -131,6 +131,7 @@ class VllmServer:
         # An engine core in its own process talks to the API server; tests force it in-process.
         env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
         env.update(self.env)
+        env = {k: v for k, v in env.items() if v is not None}  # None: unset for the server
         _install_signal_handlers()
         with self.log_path.open("w") as out:
             self.proc = subprocess.Popen(

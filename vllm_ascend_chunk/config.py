@@ -3,7 +3,7 @@
 | variable                          | default   | accepted                      |
 |-----------------------------------|-----------|-------------------------------|
 | `VLLM_ENABLE_CHUNK_CACHE`         | `true`    | true/false, 1/0, yes/no, on/off |
-| `VLLM_CHUNK_CACHE_SIZE_GB`        | `2.0`     | a number > 0                  |
+| `VLLM_CHUNK_CACHE_SIZE_GB`        | unset: auto | a number > 0 (GiB of pool per worker) |
 | `VLLM_CHUNK_CACHE_LRU_THRESHOLD`  | `0.9`     | a number in (0, 1]            |
 | `VLLM_CHUNK_CACHE_HASH_ALGORITHM` | `sha256`  | `sha256`, `xxhash`            |
 | `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
@@ -17,6 +17,9 @@
 | `VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB` | `0`    | a number >= 0: memory this instance lends the store |
 | `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number > 0: longest wait for one read |
 | `VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST` | this host's IP | the address the store reaches this instance at |
+
+Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_pool_bytes`): a
+quarter of it, at least 256 MiB and at most 8 GiB, never more than half of it.
 
 The tiers (`docs/design.md`, Tiers): entries evicted from the device pool go to host memory
 (`HOST_GB`), and every computed entry is shared through a Mooncake Store (`REMOTE_*`).
@@ -95,7 +98,8 @@ class RemoteConfig:
 @dataclasses.dataclass(frozen=True)
 class ChunkCacheConfig:
     enabled: bool = True
-    size_gb: float = 2.0
+    size_gb: float | None = None
+    """GiB of device pool per worker; None: sized from the engine's KV memory (`geometry`)."""
     lru_threshold: float = 0.9
     hash_algorithm: str = "sha256"
     delimiter: str = "# #"
@@ -119,10 +123,12 @@ class ChunkCacheConfig:
             enabled=_parse_bool("VLLM_ENABLE_CHUNK_CACHE", get("VLLM_ENABLE_CHUNK_CACHE", "true")),
             size_gb=_parse_float(
                 "VLLM_CHUNK_CACHE_SIZE_GB",
-                get("VLLM_CHUNK_CACHE_SIZE_GB", defaults.size_gb),
+                get("VLLM_CHUNK_CACHE_SIZE_GB", ""),
                 lambda v: v > 0,
                 "a number greater than 0",
-            ),
+            )
+            if get("VLLM_CHUNK_CACHE_SIZE_GB", "")
+            else None,
             lru_threshold=_parse_float(
                 "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
                 get("VLLM_CHUNK_CACHE_LRU_THRESHOLD", defaults.lru_threshold),
@@ -150,12 +156,19 @@ class ChunkCacheConfig:
             remote=RemoteConfig.from_env(get),
         )
 
+    def pool_setting(self) -> str:
+        """How the pool's size is chosen, in the words of the settings."""
+        if self.size_gb is None:
+            return "VLLM_CHUNK_CACHE_SIZE_GB unset: a share of the KV memory"
+        return f"VLLM_CHUNK_CACHE_SIZE_GB={self.size_gb:g}"
+
     def describe(self) -> str:
         if not self.enabled:
             return "Chunk Cache disabled (VLLM_ENABLE_CHUNK_CACHE=false): vLLM behaves as unpatched"
+        pool = "auto" if self.size_gb is None else f"{self.size_gb:g} GiB"
         return (
             f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
-            f"pool={self.size_gb:g} GiB lru_threshold={self.lru_threshold:g} "
+            f"pool={pool} lru_threshold={self.lru_threshold:g} "
             f"hash={self.hash_algorithm} recovery={recovery_name(self.recovery_docs)} "
             f"host={self.host_gb:g} GiB remote={self.remote.describe() if self.remote else 'off'}"
         )

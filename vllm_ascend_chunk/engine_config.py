@@ -17,7 +17,13 @@ import logging
 import os
 
 from vllm_ascend_chunk.config import get_config
-from vllm_ascend_chunk.geometry import pool_geometry
+from vllm_ascend_chunk.geometry import (
+    AUTO_FRACTION,
+    PAGES_KEY,
+    auto_pool_bytes,
+    configured_pages,
+    pool_shape,
+)
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -49,14 +55,7 @@ def configure(vllm_config) -> None:
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         logger.info("Chunk Cache selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
-    geometry = pool_geometry(vllm_config)
-    logger.info(
-        "%s; pool holds %d tokens (%d pages of %d)",
-        get_config().describe(),
-        geometry.num_rows,
-        geometry.num_pages,
-        geometry.page_size,
-    )
+    logger.info("%s", get_config().describe())
 
 
 def _with_chunk_cache(kv):
@@ -181,24 +180,71 @@ def _refuse_conflicts(vllm_config) -> None:
         problems.append(f"the custom scheduler {sched_cls!r}")
     if problems:
         raise ChunkCacheSetupError(f"Chunk Cache does not support {', '.join(problems)}. {_OFF_HINT}")
-    pool_geometry(vllm_config)  # validates the KV dtype
+    pool_shape(vllm_config)  # validates the KV dtype
 
 
-def carve_out_pool(vllm_config, available: list[int]) -> list[int]:
-    """Per-worker memory for the paged KV cache once the pool is set aside (engine core)."""
+DOC_TOKENS = 512
+"""Document length the start-up log counts the pool's capacity in."""
+
+
+def carve_out_pool(vllm_config, executor) -> list[int]:
+    """Per-worker memory for the paged KV cache once the pool is set aside (engine core): the
+    pool of `VLLM_CHUNK_CACHE_SIZE_GB`, or, unset, `geometry.auto_pool_bytes` of the KV memory;
+    its page count recorded in this engine's config and in every worker's."""
+    available = executor.determine_available_memory()
     if not is_active(vllm_config):
         return available
-    pool = pool_geometry(vllm_config).num_bytes
+    shape = pool_shape(vllm_config)
+    kv_bytes = min(available, default=0)
+    pages = configured_pages(shape)
+    how = get_config().pool_setting()
+    if pages is None:
+        pages = auto_pool_bytes(kv_bytes) // shape.page_bytes
+        how = f"auto: {AUTO_FRACTION:g} of {kv_bytes / 2**30:.2f} GiB of KV memory"
+        if pages == 0:
+            raise ChunkCacheSetupError(
+                f"The engine has {kv_bytes / 2**30:.2f} GiB of KV memory, too little for a Chunk "
+                "Cache pool. Give the KV cache more memory or set VLLM_CHUNK_CACHE_SIZE_GB."
+            )
+    pool = pages * shape.page_bytes
     left = [a - pool for a in available]
     if min(left, default=1) <= 0:
         raise ChunkCacheSetupError(
-            f"VLLM_CHUNK_CACHE_SIZE_GB={get_config().size_gb:g} leaves no memory for the paged KV "
-            f"cache ({min(available) / 2**30:.2f} GiB available in all). Lower "
-            "VLLM_CHUNK_CACHE_SIZE_GB or give the KV cache more memory."
+            f"{how} leaves no memory for the paged KV cache ({kv_bytes / 2**30:.2f} GiB available "
+            "in all). Lower VLLM_CHUNK_CACHE_SIZE_GB (or unset it: a share of the KV memory) or "
+            "give the KV cache more memory."
         )
+    record_pages(vllm_config, pages)
+    executor.collective_rpc(_record_pages_in_worker, args=(pages,))
     logger.info(
-        "Chunk Cache pool: %.2f GiB set aside; %.2f GiB left for the paged KV cache",
+        "Chunk Cache pool: %.2f GiB (%s), %d tokens: %d documents of %d tokens; "
+        "%.2f GiB left for the paged KV cache",
         pool / 2**30,
+        how,
+        pages * shape.page_size,
+        pages // shape.pages_for(DOC_TOKENS),
+        DOC_TOKENS,
         min(left) / 2**30,
     )
     return left
+
+
+def record_pages(vllm_config, pages: int) -> None:
+    """Record the pool size in this engine's KV transfer config, and in the chunk cache's own
+    child config under `ChunkCacheMultiConnector` (each child is built from its own)."""
+    extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+    extra[PAGES_KEY] = pages
+    for child in extra.get("connectors", []):
+        if child.get("kv_connector") == CONNECTOR:
+            child.setdefault("kv_connector_extra_config", {})[PAGES_KEY] = pages
+
+
+def _record_pages_in_worker(worker, pages: int) -> None:
+    """Run in every worker (`collective_rpc`): a worker in another process has its own config."""
+    record_pages(worker.vllm_config, pages)
+
+
+def apply_ready_response(vllm_config, pool_pages: int | None) -> None:
+    """Frontend: the pool size the engine core sent in its ready response (patch `core_client`)."""
+    if pool_pages is not None and is_active(vllm_config):
+        record_pages(vllm_config, pool_pages)

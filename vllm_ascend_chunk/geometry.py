@@ -1,10 +1,16 @@
-"""Pool geometry, computed identically in every process from the engine config.
+"""Pool geometry, the same in every process of an engine.
 
 The pool holds post-RoPE K and V of every attention layer for a number of tokens, in pages of
 `PAGE_SIZE` tokens so that entries of any length never fragment it. The frontend uses the
 geometry to refuse chunk sets that can never fit, the scheduler to allocate pages, the worker to
 size the tensors, and the engine core to carve the pool out of the paged-KV budget. The host
 tier has the same row format, in `num_host_pages` pages of host memory.
+
+The number of pages comes from `VLLM_CHUNK_CACHE_SIZE_GB` when it is set. Unset, the engine core
+sizes the pool once it knows the KV memory (`auto_pool_bytes`, `engine_config.carve_out_pool`)
+and records the page count in the engine's config (`engine_config.record_pages`): the scheduler and an
+in-process worker share that config, workers in other processes and the frontend are told
+(a worker RPC; the engine's ready response, patches `vllm.v1.engine*`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ from vllm_ascend_chunk.paging import pages_for
 
 PAGE_SIZE = 16
 """Tokens per pool page."""
+AUTO_FRACTION = 0.25
+"""Share of the engine's KV memory that an auto-sized pool takes..."""
+AUTO_FLOOR = 256 * 2**20
+AUTO_CEILING = 8 * 2**30
+"""...at least `AUTO_FLOOR` and at most `AUTO_CEILING` bytes, and never more than half of it."""
+PAGES_KEY = "chunk_cache_pool_pages"
+"""Where an engine's config records the pool's page count (`kv_connector_extra_config`)."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +56,17 @@ class PoolGeometry:
     def num_bytes(self) -> int:
         return self.num_rows * self.bytes_per_token
 
+    @property
+    def page_bytes(self) -> int:
+        return self.bytes_per_token * self.page_size
+
     def pages_for(self, num_tokens: int) -> int:
         return pages_for(num_tokens, self.page_size)
+
+
+def auto_pool_bytes(kv_bytes: int) -> int:
+    """The pool of an engine with `kv_bytes` of KV memory and no `VLLM_CHUNK_CACHE_SIZE_GB`."""
+    return min(max(int(AUTO_FRACTION * kv_bytes), AUTO_FLOOR), AUTO_CEILING, kv_bytes // 2)
 
 
 def kv_dtype(vllm_config) -> torch.dtype:
@@ -58,19 +80,41 @@ def kv_dtype(vllm_config) -> torch.dtype:
     return vllm_config.model_config.dtype
 
 
-def pool_geometry(vllm_config) -> PoolGeometry:
+def pool_shape(vllm_config) -> PoolGeometry:
+    """The pool's row format for this engine, without its size (validates the KV dtype)."""
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
     layers = model.get_num_layers_by_block_type(parallel, "attention")
-    heads = model.get_num_kv_heads(parallel)
-    head_size = model.get_head_size()
-    dtype = kv_dtype(vllm_config)
     if layers == 0:  # `engine_config` turns the chunk cache off for such models first
         raise ValueError("Chunk Cache needs attention layers; this model has none.")
-    shape = PoolGeometry(num_layers=layers, num_kv_heads=heads, head_size=head_size, dtype=dtype, num_pages=0)
-    page_bytes = shape.bytes_per_token * shape.page_size
-    config = get_config()
+    return PoolGeometry(
+        num_layers=layers,
+        num_kv_heads=model.get_num_kv_heads(parallel),
+        head_size=model.get_head_size(),
+        dtype=kv_dtype(vllm_config),
+        num_pages=0,
+    )
+
+
+def configured_pages(shape: PoolGeometry) -> int | None:
+    """Pages of a pool of `VLLM_CHUNK_CACHE_SIZE_GB`; None when it is unset (auto)."""
+    size_gb = get_config().size_gb
+    return None if size_gb is None else int(size_gb * 2**30) // shape.page_bytes
+
+
+def recorded_pages(vllm_config) -> int | None:
+    """The pool size recorded in this engine's config (`engine_config.record_pages`), if any."""
+    kv = vllm_config.kv_transfer_config
+    return None if kv is None else (kv.kv_connector_extra_config or {}).get(PAGES_KEY)
+
+
+def pool_geometry(vllm_config) -> PoolGeometry:
+    """The pool of this engine: its size set by `VLLM_CHUNK_CACHE_SIZE_GB`, or recorded (auto)."""
+    shape = pool_shape(vllm_config)
+    pages = configured_pages(shape)
+    if pages is None:
+        pages = recorded_pages(vllm_config)
+        if pages is None:
+            raise RuntimeError("the auto-sized Chunk Cache pool is read before the engine sized it")
     return replace(
-        shape,
-        num_pages=int(config.size_gb * 2**30) // page_bytes,
-        num_host_pages=int(config.host_gb * 2**30) // page_bytes,
+        shape, num_pages=pages, num_host_pages=int(get_config().host_gb * 2**30) // shape.page_bytes
     )

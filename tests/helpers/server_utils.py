@@ -15,7 +15,7 @@ TIMEOUT = 60
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+def vllm_server(model_dir: Path, log: Path, env: dict[str, str | None] | None = None) -> Iterator[str]:
     """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0); yields its URL."""
     args = [
         "--served-model-name",

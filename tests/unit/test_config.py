@@ -7,7 +7,7 @@ def test_defaults_match_the_design():
     cfg = ChunkCacheConfig.from_env({})
     assert cfg == ChunkCacheConfig(
         enabled=True,
-        size_gb=2.0,
+        size_gb=None,
         lru_threshold=0.9,
         hash_algorithm="sha256",
         delimiter="# #",
@@ -34,6 +34,8 @@ def test_valid_values_are_parsed():
     assert "disabled" in cfg.describe()
     on = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "LAST:3"})
     assert on.recovery_docs == 3 and "recovery=last:3" in on.describe()
+    assert "pool=auto" in on.describe() and "pool=0.5 GiB" in ChunkCacheConfig(size_gb=0.5).describe()
+    assert ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_SIZE_GB": " "}).size_gb is None  # blank: unset
 
 
 @pytest.mark.parametrize(

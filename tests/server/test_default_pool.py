@@ -1,0 +1,51 @@
+"""Defaults that start anywhere: `VLLM_ENABLE_CHUNK_CACHE=1 VLLM_CPU_KVCACHE_SPACE=1 vllm serve` on
+the tiny model, no chunk cache setting at all (1 GiB of KV in all, less than the fixed 2 GiB pool
+of old), starts, says in one log line how big its pool is, and answers chunked prompts as the
+HF reference, the second time from the pool."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.helpers import chunk_cases as cc
+from tests.helpers import server_utils
+
+MAX_TOKENS = 6
+
+
+def answer(client, prompt: str) -> tuple[list[int], list[float]]:
+    resp = client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    choice = resp.choices[0]
+    return choice.token_ids, choice.logprobs.token_logprobs
+
+
+def test_a_server_with_no_pool_setting_sizes_the_pool_from_its_kv_memory(models_dir: Path, tmp_path: Path):
+    docs = [cc.document(700 + i, 60) for i in range(3)]
+    prompts = [cc.chunked(cc.SYS, docs, "Which one first?"), cc.chunked(cc.SYS, docs[::-1], "And last?")]
+    env = {"VLLM_ENABLE_CHUNK_CACHE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CHUNK_CACHE_SIZE_GB": None}
+    log = tmp_path / "vllm-serve.log"
+    with server_utils.vllm_server(models_dir / "tiny-llama", log, env=env) as url:
+        client = server_utils.client(url)
+        model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+        for prompt in prompts:
+            tokens, logprobs = answer(client, prompt)
+            cc.assert_matches(
+                tokens, logprobs, cc.reference(model, raw_tok, prompt, MAX_TOKENS)[1], prompt[:40]
+            )
+        metrics = server_utils.wait_metrics(url, lambda m: m.hit_count >= 3)
+        assert (metrics.hit_count, metrics.miss_count) == (3, 3)
+    # tiny Llama keeps 1 KiB of K/V per token: a quarter of 1 GiB is 262,144 tokens, 512 documents.
+    (line,) = [x for x in log.read_text().splitlines() if "Chunk Cache pool:" in x]
+    assert re.search(
+        r"Chunk Cache pool: 0\.25 GiB \(auto: 0\.25 of 1\.00 GiB of KV memory\), 262144 tokens: "
+        r"512 documents of 512 tokens; 0\.75 GiB left for the paged KV cache",
+        line,
+    ), line
