@@ -65,7 +65,7 @@ def main() -> int:
     start = time.perf_counter()
     result = bench_rag.run_config("chunk", workload, args, opts.out / "vllm-serve.log", row)
     plot_path = opts.out / "demo.png"
-    bench_rag.plot({"chunk": result}, plot_path, f"demo: {opts.model.name}, chunk cache on")
+    bench_rag.plot({"configs": {"chunk": result}}, plot_path, f"demo: {opts.model.name}, chunk cache on")
     (opts.out / "demo.json").write_text(json.dumps(result, indent=1) + "\n")
     if not result["summary"]["metrics_available"]["chunk_cache"]:
         print("\n(the server exposes no vllm:chunk_cache_* metrics: hits and misses are unknown)")
