@@ -32,6 +32,8 @@ def chunking(vllm_config, params) -> bool:
 
 
 def _parse(prompt: Mapping[str, Any], params, vllm_config) -> ParsedPrompt | None:
+    if getattr(params, SPANS_KEY, None) is not None:  # spans sent with the request (`request_spans`)
+        raise ChunkPromptError(f"'{SPANS_KEY}' needs a token-id prompt; this request has a text prompt")
     if not chunking(vllm_config, params) or prompt.get("multi_modal_data"):
         return None
     return parser_for(get_config().delimiter).parse(prompt["prompt"])
@@ -75,7 +77,11 @@ async def tokenize_chunked_async(
 
 def take_spans(prompt: dict[str, Any], params, vllm_config) -> None:
     """Before vLLM's post-tokenization (truncation, padding): an explicit `chunk_spans` of a
-    token-id prompt becomes `ChunkSpans` of the ids as sent, so that `check_spans` sees it cut."""
+    token-id prompt becomes `ChunkSpans` of the ids as sent, so that `check_spans` sees it cut.
+    Spans sent with the request (`TokenizeParams.chunk_spans`, from `vllm_xargs` on the OpenAI
+    server: `frontend.request_spans`) are the prompt's own from here on."""
+    if SPANS_KEY not in prompt and (sent := getattr(params, SPANS_KEY, None)) is not None:
+        prompt[SPANS_KEY] = sent
     given = prompt.get(SPANS_KEY)
     ids_only = "prompt_embeds" not in prompt and not prompt.get("multi_modal_data")
     if (
@@ -129,15 +135,16 @@ SPANS_USAGE = (
 def spans_from(given: object, num_tokens: int) -> ChunkSpans:
     """The `ChunkSpans` of a prompt's `chunk_spans` value: a user's dict, or spans already made."""
     if isinstance(given, ChunkSpans):
-        return make_spans(given.sys_len, given.chunk_lens, num_tokens)
+        return make_spans(given.sys_len, given.chunk_lens, num_tokens, explicit=True)
     if not isinstance(given, Mapping) or set(given) != {"sys_len", "chunk_lens"}:
         raise ChunkPromptError(f"{SPANS_USAGE} = {num_tokens}; got {given!r}")
-    return make_spans(given["sys_len"], given["chunk_lens"], num_tokens)
+    return make_spans(given["sys_len"], given["chunk_lens"], num_tokens, explicit=True)
 
 
-def make_spans(sys_len: object, chunk_lens: object, num_tokens: int) -> ChunkSpans:
+def make_spans(sys_len: object, chunk_lens: object, num_tokens: int, *, explicit: bool = False) -> ChunkSpans:
     """The one constructor of `ChunkSpans`: SYS of `sys_len` tokens, the chunks, and a question
-    of at least one token (the rest of `num_tokens`); anything else is a `ChunkPromptError`."""
+    of at least one token (the rest of `num_tokens`); anything else is a `ChunkPromptError`.
+    `explicit`: the lengths are a client's `chunk_spans`, which the message then names."""
     ints = isinstance(chunk_lens, list) and all(
         isinstance(n, int) and not isinstance(n, bool) for n in [sys_len, *chunk_lens]
     )
@@ -147,10 +154,11 @@ def make_spans(sys_len: object, chunk_lens: object, num_tokens: int) -> ChunkSpa
         )
     question_len = num_tokens - sys_len - sum(chunk_lens)
     if question_len < 1:  # the scheduler needs a token to compute after the loaded chunks
+        hint = f" ('{SPANS_KEY}' needs sys_len + sum(chunk_lens) < len(prompt_token_ids))" if explicit else ""
         raise ChunkPromptError(
             f"The question of the chunked prompt has no tokens: SYSTEM and documents take "
             f"{num_tokens - question_len} of its {num_tokens} tokens. Put at least one token "
-            "after the last document."
+            f"after the last document{hint}."
         )
     return ChunkSpans(sys_len=sys_len, chunk_lens=list(chunk_lens), question_len=question_len)
 
