@@ -37,7 +37,8 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
     for entry in [e for p in live_prefills.values() for e in p.entries] + reading:
         assert not set(entry.pages) & set(manager.free_pages), "free page still written"
     if manager.host is not None:
-        host_taken = [p for e in manager.host.entries.values() for p in e.pages]
+        held = [*manager.host.entries.values(), *manager.host.retired]  # retired: free after the step
+        host_taken = [p for e in held for p in e.pages]
         assert sorted(host_taken + manager.host.free_pages) == list(range(manager.host.num_pages))
 
 

@@ -35,6 +35,12 @@ DOCS = {b"d%d" % i: n for i, n in enumerate([3, 4, 5, 8, 2, 9, 4])}
 """The corpus: document key → token count."""
 
 
+def undefined_where_duplicate(rows: list[int], values: list) -> dict:
+    """Row -> value of one row copy, None where the copy writes a row more than once."""
+    out = dict(zip(rows, values, strict=True))
+    return {r: None if rows.count(r) > 1 else v for r, v in out.items()}
+
+
 @dataclass
 class FakeRequest:
     """The fields of `vllm.v1.request.Request` the coordinator reads."""
@@ -435,11 +441,13 @@ class CoordinatorMachine(RuleBasedStateMachine):
             self.rows[row] = (key, index, self.prefill_generation[prefill.request_id])
 
     def _move(self, meta: ChunkCacheStepMetadata) -> None:
-        """The host-tier copies at the start of the step: into host memory first, then out of it."""
+        """The host-tier copies at the start of the step: into host memory first, then out of it.
+        A row written twice by one copy holds neither value for sure (`index_copy_` with duplicate
+        indices has no defined winner): it holds None, which no check accepts."""
         writes = [self.rows.get(r) for r in meta.host_write_from]
-        self.host_rows.update(zip(meta.host_write_to, writes, strict=True))
+        self.host_rows.update(undefined_where_duplicate(meta.host_write_to, writes))
         reads = [self.host_rows.get(r) for r in meta.host_read_from]
-        self.rows.update(zip(meta.host_read_to, reads, strict=True))
+        self.rows.update(undefined_where_duplicate(meta.host_read_to, reads))
 
     def _write_remote(self, meta: ChunkCacheStepMetadata) -> None:
         """Every remote write holds exactly its entry's tokens, all of one generation."""

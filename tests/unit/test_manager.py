@@ -152,6 +152,40 @@ def test_a_host_copy_read_in_the_step_being_built_is_not_replaced_before_it_is_s
     assert m.host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
 
 
+def test_one_step_never_writes_the_same_host_rows_twice():
+    # Pool of 2 pages, host of 1: a and b leave the pool in one step. b may not replace the copy of
+    # a written in that step (one index_copy_ with the same rows twice has no defined winner).
+    m = ChunkCacheManager(2, 4, 1.0, host_pages=1)
+    resident(m, b"a")
+    resident(m, b"b")
+    m.take_moves()
+    resident(m, b"c")  # a → host
+    resident(m, b"d")  # b cannot go to host: its only page is a's, written in this step
+    moves = m.take_moves()
+    assert len(moves.write_to) == len(set(moves.write_to)) == 4
+    assert m.host.entries.keys() == {b"a"}
+    resident(m, b"e")  # the step was sent: c replaces a's copy now
+    assert m.host.entries.keys() == {b"c"}
+
+
+def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
+    m = ChunkCacheManager(2, 4, 1.0, host_pages=1)
+    resident(m, b"a")
+    resident(m, b"b")
+    resident(m, b"c")  # a → host
+    m.take_moves()
+    got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # a read back from host in this step
+    m.clear()  # a reset in the same step: a stays pinned, its host copy is still to be read
+    resident(m, b"x")
+    resident(m, b"y")  # x leaves the pool: a's host page is not free before the step is sent
+    moves = m.take_moves()
+    assert not set(moves.write_to) & set(moves.read_from) and len(moves.read_from) == 4
+    m.release(got.entries)  # a, dropped, frees its pool page
+    resident(m, b"z")
+    resident(m, b"w")  # y leaves the pool and takes the host page, free now
+    assert m.host.entries.keys() == {b"y"}
+
+
 def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read_ends():
     m = make()
     m.remote = True

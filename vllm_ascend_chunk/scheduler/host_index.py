@@ -3,9 +3,10 @@
 Pure bookkeeping, like the pool index (`scheduler.manager`). The host tier holds copies of
 entries evicted from the device pool, least recently used evicted first when it is full. An
 entry is complete once its copy is scheduled (the worker runs a step's copies into host memory
-before the copies out of it), so it has no pending state. A copy read in the step being built is
-*reading* until the step's operations are sent (`end_step`): its pages are not given to another
-entry before the worker has read them.
+before the copies out of it), so it has no pending state. A copy read or written in the step
+being built is *busy* until the step's operations are sent (`end_step`): its pages are not given
+to another entry in the same step, so one step never reads host rows that it also overwrites,
+nor writes the same host rows twice (one `index_copy_` with duplicate rows has no defined winner).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ class HostIndex:
         self.page_size = page_size
         self.free_pages: list[int] = list(range(num_pages - 1, -1, -1))
         self.entries: OrderedDict[bytes, HostEntry] = OrderedDict()  # least recently used first
-        self.reading: set[bytes] = set()
+        self.busy: set[bytes] = set()
+        """Keys read or written in the step being built."""
+        self.retired: list[HostEntry] = []
+        """Busy copies dropped by `clear`: their pages are free once the step is sent."""
         self.evictions = 0
 
     @property
@@ -41,11 +45,11 @@ class HostIndex:
         return (self.num_pages - len(self.free_pages)) / self.num_pages if self.num_pages else 0.0
 
     def read(self, key: bytes) -> HostEntry | None:
-        """The copy of `key`, marked most recently used and reading for this step; None if absent."""
+        """The copy of `key`, marked most recently used and busy for this step; None if absent."""
         entry = self.entries.get(key)
         if entry is not None:
             self.entries.move_to_end(key)
-            self.reading.add(key)
+            self.busy.add(key)
         return entry
 
     def touch(self, key: bytes) -> bool:
@@ -56,10 +60,11 @@ class HostIndex:
         return True
 
     def store(self, key: bytes, num_tokens: int) -> HostEntry | None:
-        """Pages for a new copy of `key`, evicting least recently used copies that are not being
-        read; None (nothing changed) if they cannot be made free. The key must not be stored yet."""
+        """Pages for a new copy of `key` (busy for this step), evicting least recently used copies
+        that are not busy; None (nothing changed) if they cannot be made free. The key must not
+        be stored yet."""
         needed = pages_for(num_tokens, self.page_size)
-        replaceable = (e for e in self.entries.values() if e.key not in self.reading)
+        replaceable = (e for e in self.entries.values() if e.key not in self.busy)
         victims = lru_victims(replaceable, max(0, needed - len(self.free_pages)))
         if victims is None:
             return None
@@ -68,16 +73,25 @@ class HostIndex:
             self.evictions += 1
         pages = [self.free_pages.pop() for _ in range(needed)]
         entry = self.entries[key] = HostEntry(key=key, num_tokens=num_tokens, pages=pages)
+        self.busy.add(key)
         return entry
 
     def end_step(self) -> None:
-        """The step's operations were sent: copies read in it may be replaced from now on."""
-        self.reading.clear()
+        """The step's operations were sent: copies read or written in it may be replaced now."""
+        self.busy.clear()
+        for entry in self.retired:
+            self.free_pages.extend(reversed(entry.pages))
+        self.retired.clear()
 
     def clear(self) -> None:
-        """Drop every copy (a cache reset)."""
+        """Drop every copy (a cache reset); pages the step being built reads or writes stay
+        taken until it is sent."""
         for entry in list(self.entries.values()):
-            self._free(entry)
+            if entry.key in self.busy:
+                del self.entries[entry.key]
+                self.retired.append(entry)
+            else:
+                self._free(entry)
 
     def _free(self, entry: HostEntry) -> None:
         del self.entries[entry.key]
