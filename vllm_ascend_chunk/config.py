@@ -12,10 +12,10 @@
 | `VLLM_CHUNK_CACHE_HOST_GB`        | `0` (off) | a number >= 0                 |
 | `VLLM_CHUNK_CACHE_REMOTE_MASTER`  | empty (off) | `host:port` of a `mooncake_master` |
 | `VLLM_CHUNK_CACHE_REMOTE_METADATA` | `http://<master host>:8080/metadata` | Mooncake metadata server URL |
-| `VLLM_CHUNK_CACHE_REMOTE_PROTOCOL` | `tcp`    | a Mooncake transport (`tcp`, `rdma`, ...) |
+| `VLLM_CHUNK_CACHE_REMOTE_PROTOCOL` | `tcp`    | `tcp` or `rdma` (the Mooncake transport) |
 | `VLLM_CHUNK_CACHE_REMOTE_DEVICE`  | empty     | the RDMA device names, for `rdma` |
 | `VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB` | `0`    | a number >= 0: memory this instance lends the store |
-| `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number > 0: longest wait for one read |
+| `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number >= 0.01: longest wait for one read |
 | `VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST` | this host's IP | the address the store reaches this instance at |
 
 Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_pool_bytes`): a
@@ -44,6 +44,12 @@ RECOVERY_ACCEPTED = "none, last (= last:1), or last:K with K >= 1"
 """Recovery modes (`frontend.recovery`): `last:K` computes the last K documents with the question."""
 
 
+PROTOCOLS = ("tcp", "rdma")
+"""Mooncake transports the remote tier is built for."""
+METADATA_SCHEMES = ("http", "https", "etcd", "redis")
+MIN_TIMEOUT_S = 0.01
+
+
 class ChunkCacheConfigError(ValueError):
     """An environment variable holds a value the chunk cache does not accept."""
 
@@ -69,12 +75,18 @@ class RemoteConfig:
         if not master:
             return None
         host, _, port = master.rpartition(":")
-        if not host or not port.isdecimal():
-            raise _error("VLLM_CHUNK_CACHE_REMOTE_MASTER", master, "host:port of a mooncake_master")
+        if not host or not port.isdecimal() or not 0 < int(port) < 65536:
+            raise _error(
+                "VLLM_CHUNK_CACHE_REMOTE_MASTER", master, "host:port of a mooncake_master (port 1-65535)"
+            )
         return cls(
             master=master,
-            metadata_server=get("VLLM_CHUNK_CACHE_REMOTE_METADATA", f"http://{host}:8080/metadata"),
-            protocol=get("VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", "tcp"),
+            metadata_server=_parse_metadata_url(
+                get("VLLM_CHUNK_CACHE_REMOTE_METADATA", f"http://{host}:8080/metadata")
+            ),
+            protocol=_parse_choice(
+                "VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", get("VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", "tcp"), PROTOCOLS
+            ),
             device_name=get("VLLM_CHUNK_CACHE_REMOTE_DEVICE", ""),
             segment_gb=_parse_float(
                 "VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB",
@@ -85,8 +97,8 @@ class RemoteConfig:
             timeout_s=_parse_float(
                 "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S",
                 get("VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S", 5),
-                lambda v: v > 0,
-                "a number greater than 0",
+                lambda v: v >= MIN_TIMEOUT_S,
+                f"a number of seconds >= {MIN_TIMEOUT_S:g} (no read completes sooner)",
             ),
             local_host=get("VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST", ""),
         )
@@ -230,6 +242,19 @@ def _parse_recovery(name: str, value: str) -> int:
     if (docs := recovery_documents(value)) is None:
         raise _error(name, value, RECOVERY_ACCEPTED)
     return docs
+
+
+def _parse_metadata_url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    url = urlsplit(value)
+    if url.scheme not in METADATA_SCHEMES or not url.hostname:
+        raise _error(
+            "VLLM_CHUNK_CACHE_REMOTE_METADATA",
+            value,
+            "a Mooncake metadata server URL: " + ", ".join(f"{s}://host:port/..." for s in METADATA_SCHEMES),
+        )
+    return value
 
 
 def _parse_delimiter(value: str) -> str:

@@ -180,7 +180,22 @@ def _refuse_conflicts(vllm_config) -> None:
         problems.append(f"the custom scheduler {sched_cls!r}")
     if problems:
         raise ChunkCacheSetupError(f"Chunk Cache does not support {', '.join(problems)}. {_OFF_HINT}")
-    pool_shape(vllm_config)  # validates the KV dtype
+    _refuse_sizes_below_a_page(pool_shape(vllm_config))  # pool_shape validates the KV dtype
+
+
+def _refuse_sizes_below_a_page(shape) -> None:
+    """A set size that rounds down to no page would turn its tier off without a word."""
+    config = get_config()
+    for name, gb in (
+        ("VLLM_CHUNK_CACHE_SIZE_GB", config.size_gb),
+        ("VLLM_CHUNK_CACHE_HOST_GB", config.host_gb),
+    ):
+        if gb and int(gb * 2**30) < shape.page_bytes:
+            raise ChunkCacheSetupError(
+                f"{name}={gb:g} holds no page of this model's pool: one page of {shape.page_size} tokens "
+                f"takes {shape.page_bytes / 2**20:.3g} MiB. Set at least {shape.page_bytes / 2**30:.3g}"
+                + (" (or 0: no host tier)." if name == "VLLM_CHUNK_CACHE_HOST_GB" else " (or unset it).")
+            )
 
 
 DOC_TOKENS = 512

@@ -53,9 +53,37 @@ def test_valid_values_are_parsed():
         ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last (= last:1), or last:K"),
         ("VLLM_CHUNK_CACHE_RECOVERY", "last:0", "last:K with K >= 1"),
         ("VLLM_CHUNK_CACHE_RECOVERY", "last:-1", "last:K with K >= 1"),
+        ("VLLM_CHUNK_CACHE_REMOTE_MASTER", "127.0.0.1:99999", "port 1-65535"),
+        ("VLLM_CHUNK_CACHE_REMOTE_MASTER", "127.0.0.1", "host:port"),
+        ("VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S", "1e-6", ">= 0.01"),
+        ("VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", "rmda", "tcp, rdma"),
+        ("VLLM_CHUNK_CACHE_REMOTE_METADATA", "not-a-url", "http://host:port/"),
+        ("VLLM_CHUNK_CACHE_REMOTE_METADATA", "ftp://10.0.0.1/metadata", "http://host:port/"),
+        ("VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB", "-2", ">= 0"),
     ],
 )
 def test_invalid_values_name_the_variable_and_accepted_values(name, value, accepted):
+    env = {name: value}
+    if name.startswith("VLLM_CHUNK_CACHE_REMOTE_") and name != "VLLM_CHUNK_CACHE_REMOTE_MASTER":
+        env["VLLM_CHUNK_CACHE_REMOTE_MASTER"] = "10.0.0.1:50051"  # the others are read with it
     with pytest.raises(ChunkCacheConfigError) as err:
-        ChunkCacheConfig.from_env({name: value})
+        ChunkCacheConfig.from_env(env)
     assert name in str(err.value) and accepted in str(err.value) and repr(value) in str(err.value)
+
+
+def test_remote_settings_that_are_valid_are_kept():
+    remote = ChunkCacheConfig.from_env(
+        {
+            "VLLM_CHUNK_CACHE_REMOTE_MASTER": "10.0.0.1:50051",
+            "VLLM_CHUNK_CACHE_REMOTE_METADATA": "etcd://10.0.0.2:2379",
+            "VLLM_CHUNK_CACHE_REMOTE_PROTOCOL": "RDMA",
+            "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S": "0.5",
+        }
+    ).remote
+    assert (remote.metadata_server, remote.protocol, remote.timeout_s) == (
+        "etcd://10.0.0.2:2379",
+        "rdma",
+        0.5,
+    )
+    default = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_REMOTE_MASTER": "store:50051"}).remote
+    assert default.metadata_server == "http://store:8080/metadata"

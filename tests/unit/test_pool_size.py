@@ -131,3 +131,14 @@ def test_kv_memory_too_small_for_any_pool_is_a_clear_error(models_dir, pool_env)
     core, worker = (engine_config_of(models_dir / "tiny-llama") for _ in "ab")
     with pytest.raises(engine_config.ChunkCacheSetupError, match="too little for a Chunk Cache pool"):
         engine_config.carve_out_pool(core, Executor(pool_shape(core).page_bytes, worker))
+
+
+@pytest.mark.parametrize("name", ["VLLM_CHUNK_CACHE_SIZE_GB", "VLLM_CHUNK_CACHE_HOST_GB"])
+def test_a_size_below_one_page_fails_the_engine_config_naming_the_variable(models_dir, monkeypatch, name):
+    monkeypatch.setenv(name, "0.000001")  # 1 KiB: not one 16-token page of tiny Llama (16 KiB)
+    get_config.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"{name}=1e-06 holds no page of this model's pool"):
+            engine_config_of(models_dir / "tiny-llama")
+    finally:
+        get_config.cache_clear()

