@@ -72,18 +72,23 @@ class ChunkCacheWorker:
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
 
         ropes = {id(m): m for m in model.modules() if isinstance(m, RotaryEmbeddingBase)}
+        if not ropes:  # e.g. vLLM's Transformers backend: RoPE inside modules this cannot rotate with
+            raise UnsupportedRopeError(
+                f"the model ({type(model).__name__}) has no vLLM RoPE module, so keys loaded from the "
+                "pool cannot be re-rotated; VLLM_CHUNK_CACHE_LAYOUT=sequential needs one, "
+                "VLLM_CHUNK_CACHE_LAYOUT=overlap works with any model"
+            )
         specs = [rotary_spec_from_vllm(m) for m in ropes.values()]
         if any(not _same_rope(specs[0], s) for s in specs[1:]):
             raise UnsupportedRopeError(
                 "the model's layers use different RoPEs; VLLM_CHUNK_CACHE_LAYOUT=sequential supports one "
                 "RoPE per model, VLLM_CHUNK_CACHE_LAYOUT=overlap works with any"
             )
-        self.rotary = specs[0] if specs else None
+        self.rotary = specs[0]
         logger.info(
-            "Chunk Cache: sequential layout, cached keys re-rotated on load (%s)",
-            "no RoPE in the model"
-            if self.rotary is None
-            else f"rotary_dim={self.rotary.rotary_dim}, neox={self.rotary.is_neox_style}",
+            "Chunk Cache: sequential layout, cached keys re-rotated on load (rotary_dim=%d, neox=%s)",
+            self.rotary.rotary_dim,
+            self.rotary.is_neox_style,
         )
 
     @staticmethod
