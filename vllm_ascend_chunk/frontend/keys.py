@@ -1,6 +1,7 @@
 """Position-free content keys of SYS and of each chunk (`docs/design.md`, Semantics: cache keys).
 
-`sys_key = H(namespace, model, dtypes, LoRA, cache_salt, SYS ids)` and
+`sys_key = H(namespace, engine identity (`engine_identity`: model, revision, served name, dtypes,
+quantization, HF config and overrides, layout, page size, TP/PP sizes, LoRA, cache_salt), SYS ids)` and
 `chunk_key_i = H(sys_key, C_i ids)`: the entry of C_i is its KV computed after SYS, so the
 chunk key includes the SYS key. Nothing positional enters a key. H is vLLM's `sha256_cbor`
 (or `xxhash_cbor`), as for prefix caching.
@@ -8,6 +9,7 @@ chunk key includes the SYS key. Nothing positional enters a key. H is vLLM's `sh
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +20,7 @@ from vllm_ascend_chunk.engine_config import is_active
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
-from vllm_ascend_chunk.geometry import PoolGeometry, pool_geometry
+from vllm_ascend_chunk.geometry import PAGE_SIZE, PoolGeometry, pool_geometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo, ChunkSpans
 
 NAMESPACE = "vllm-ascend-chunk/v1"
@@ -40,11 +42,45 @@ def with_keys(
     return ChunkCacheInfo(**msgspec.structs.asdict(spans), sys_hash=sys_hash, chunk_hashes=chunk_hashes)
 
 
+VOLATILE_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path"})
+"""Keys of the model's HF config that say nothing about its K/V."""
+
+
 def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
-    """Everything besides the tokens that changes the KV of a chunk."""
-    model = vllm_config.model_config
-    lora = None if lora_request is None else (lora_request.lora_name, lora_request.lora_int_id)
-    return (model.model, str(model.dtype), str(vllm_config.cache_config.cache_dtype), lora, cache_salt)
+    """Everything besides the tokens that can change the K/V of a chunk: two engines (or two
+    instances sharing a store) exchange an entry only if all of it is equal. The weights are
+    known by name and revision (and the served name: rename the model when its weights change
+    in place); the TP rank is in the remote object's name (`worker.kv_object`)."""
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
+    lora = (
+        None
+        if lora_request is None
+        else (lora_request.lora_name, lora_request.lora_int_id, lora_request.lora_path)
+    )
+    hf_config = {k: v for k, v in model.hf_config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
+    return (
+        model.model,
+        model.revision,
+        model.served_model_name,
+        model.quantization,
+        str(model.model_impl),
+        str(model.dtype),
+        str(vllm_config.cache_config.cache_dtype),
+        _canonical(model.hf_overrides),
+        _canonical(hf_config),  # after the overrides: RoPE, attention, everything else
+        get_config().layout,
+        PAGE_SIZE,
+        (parallel.tensor_parallel_size, parallel.pipeline_parallel_size),
+        lora,
+        cache_salt,
+    )
+
+
+def _canonical(value: Any) -> str:
+    """A stable text of a config value (a callable `hf_overrides` by its qualified name)."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 PROMPT_LOGPROBS_REFUSED = (
