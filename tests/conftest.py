@@ -21,6 +21,24 @@ os.environ.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", "0.25")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+@pytest.fixture
+def chunk_env(monkeypatch):
+    """`chunk_env(NAME=value, OTHER=None)`: set (or, with None, unset) chunk cache environment
+    variables for one test and read the process-wide configuration again; restored after it."""
+    from vllm_ascend_chunk.config import get_config
+
+    def set_env(**values: str | None) -> None:
+        for name, value in values.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        get_config.cache_clear()
+
+    yield set_env
+    get_config.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     """The tiny models, generated if missing (scripts/setup_env.sh normally made them)."""

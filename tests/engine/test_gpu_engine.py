@@ -250,12 +250,7 @@ def test_chunk_cache_next_to_offloading_connector(models_dir: Path):
             "kv_connector_extra_config": {"connectors": [offloading]},
         },
     }
-    docs = [cc.document(500 + i, 150 + 20 * i) for i in range(3)]
-    chunked = [
-        cc.chunked(cc.SYS, docs[:2], "What is first?"),
-        cc.chunked(cc.SYS, [docs[2], docs[0]], "And the other one?"),
-    ]
-    ordinary = [cc.document(600, 400), cc.document(601, 300) + " What is it about?"]
+    chunked, ordinary = cc.next_to_a_block_store()
     rounds = [
         {"prompts": [cc.document(610, 120)], "max_tokens": 16},
         {"prompts": chunked + ordinary, "max_tokens": 8},

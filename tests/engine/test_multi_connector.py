@@ -89,13 +89,7 @@ def mooncake_config(tmp_path: Path):
 
 
 def test_chunk_cache_next_to_mooncake_store(models_dir: Path, mooncake_config: Path):
-    # Documents of 150+ tokens: `SYS + C_i` fills whole 128-token blocks, which the store keeps.
-    docs = [cc.document(500 + i, 150 + 20 * i) for i in range(3)]
-    chunked = [
-        cc.chunked(cc.SYS, docs[:2], "What is first?"),
-        cc.chunked(cc.SYS, [docs[2], docs[0]], "And the other one?"),
-    ]
-    ordinary = [cc.document(600, 400), cc.document(601, 300) + " What is it about?"]
+    chunked, ordinary = cc.next_to_a_block_store()
     rounds = [
         {"prompts": chunked + ordinary},
         {"prompts": chunked + ordinary, "reset_prefix_cache": True},

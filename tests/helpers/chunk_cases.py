@@ -72,3 +72,14 @@ def reference_tools(models_dir: Path, name: str):
         hf_reference.load(models_dir / name),
         Tokenizer.from_file(str(models_dir / name / "tokenizer.json")),
     )
+
+
+def next_to_a_block_store() -> tuple[list[str], list[str]]:
+    """Chunked and ordinary prompts for the chunk cache next to another KV connector: documents of
+    150+ tokens, so `SYS + C_i` fills whole 128-token blocks that a block store keeps."""
+    docs = [document(500 + i, 150 + 20 * i) for i in range(3)]
+    chunked_prompts = [
+        chunked(SYS, docs[:2], "What is first?"),
+        chunked(SYS, [docs[2], docs[0]], "And the other one?"),
+    ]
+    return chunked_prompts, [document(600, 400), document(601, 300) + " What is it about?"]

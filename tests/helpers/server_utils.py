@@ -36,6 +36,19 @@ def client(url: str, **kwargs):
     return openai_client(url, TIMEOUT, **kwargs)
 
 
+def greedy(client, prompt, max_tokens: int, **extra_body):
+    """One greedy `/v1/completions` choice of "tiny-llama", with its token ids and logprobs."""
+    resp = client.completions.create(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        logprobs=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True} | extra_body,
+    )
+    return resp.choices[0]
+
+
 def metrics(url: str):
     """The chunk cache metrics of the server (`vllm_ascend_chunk.metrics.ChunkCacheMetrics`)."""
     from vllm_ascend_chunk.metrics import ChunkCacheMetrics

@@ -360,22 +360,17 @@ def test_cache_check_tolerates_bf16_cache():
     assert math.isclose(spec.mscale, rotary_spec_from_vllm(vllm_rope("yarn", True, 1.0)).mscale)
 
 
-def test_the_sequential_layout_refuses_a_model_without_a_vllm_rope(monkeypatch):
+def test_the_sequential_layout_refuses_a_model_without_a_vllm_rope(chunk_env):
     """A model whose RoPE lives in modules vLLM does not own (its Transformers backend) would get
     keys loaded without re-rotation: refused when the worker binds the model (start-up)."""
     from types import SimpleNamespace
 
-    from vllm_ascend_chunk.config import get_config
     from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
-    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", "sequential")
-    get_config.cache_clear()
-    try:
-        with pytest.raises(UnsupportedRopeError, match="no vLLM RoPE module") as info:
-            ChunkCacheWorker.bind_model(SimpleNamespace(), torch.nn.Sequential(torch.nn.Linear(4, 4)))
-        assert "VLLM_CHUNK_CACHE_LAYOUT=overlap works with any model" in str(info.value)
-        monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", "overlap")
-        get_config.cache_clear()
-        ChunkCacheWorker.bind_model(SimpleNamespace(), torch.nn.Sequential(torch.nn.Linear(4, 4)))  # fine
-    finally:
-        get_config.cache_clear()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
+    with pytest.raises(UnsupportedRopeError, match="no vLLM RoPE module") as info:
+        ChunkCacheWorker.bind_model(SimpleNamespace(), model)
+    assert "VLLM_CHUNK_CACHE_LAYOUT=overlap works with any model" in str(info.value)
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
+    ChunkCacheWorker.bind_model(SimpleNamespace(), model)  # nothing to rotate

@@ -14,19 +14,6 @@ from tests.helpers import server_utils
 MAX_TOKENS = 6
 
 
-def answer(client, prompt: str) -> tuple[list[int], list[float]]:
-    resp = client.completions.create(
-        model="tiny-llama",
-        prompt=prompt,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        logprobs=0,
-        extra_body={"ignore_eos": True, "return_token_ids": True},
-    )
-    choice = resp.choices[0]
-    return choice.token_ids, choice.logprobs.token_logprobs
-
-
 def test_a_server_with_no_pool_setting_sizes_the_pool_from_its_kv_memory(models_dir: Path, tmp_path: Path):
     docs = [cc.document(700 + i, 60) for i in range(3)]
     prompts = [cc.chunked(cc.SYS, docs, "Which one first?"), cc.chunked(cc.SYS, docs[::-1], "And last?")]
@@ -36,10 +23,9 @@ def test_a_server_with_no_pool_setting_sizes_the_pool_from_its_kv_memory(models_
         client = server_utils.client(url)
         model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
         for prompt in prompts:
-            tokens, logprobs = answer(client, prompt)
-            cc.assert_matches(
-                tokens, logprobs, cc.reference(model, raw_tok, prompt, MAX_TOKENS)[1], prompt[:40]
-            )
+            choice = server_utils.greedy(client, prompt, MAX_TOKENS)
+            ref = cc.reference(model, raw_tok, prompt, MAX_TOKENS)[1]
+            cc.assert_matches(choice.token_ids, choice.logprobs.token_logprobs, ref, prompt[:40])
         metrics = server_utils.wait_metrics(url, lambda m: m.hit_count >= 3)
         assert (metrics.hit_count, metrics.miss_count) == (3, 3)
     # tiny Llama keeps 1 KiB of K/V per token: a quarter of 1 GiB is 262,144 tokens, 512 documents.

@@ -34,15 +34,7 @@ def structure(raw_tok, text: str) -> tuple[list[int], dict]:
 
 
 def complete(client, prompt, max_tokens: int = MAX_TOKENS, **extra_body):
-    resp = client.completions.create(
-        model="tiny-llama",
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0,
-        logprobs=0,
-        extra_body={"ignore_eos": True, "return_token_ids": True} | extra_body,
-    )
-    return resp.choices[0]
+    return server_utils.greedy(client, prompt, max_tokens, **extra_body)
 
 
 def cache_delta(url: str, parts: int, send, *args, **kwargs) -> tuple[object, int, int]:

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.test_engine_config import engine_config_of
-from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.frontend.keys import engine_identity, hash_fn, with_keys
 from vllm_ascend_chunk.metadata import ChunkSpans
 
@@ -83,7 +82,7 @@ def test_each_engine_setting_changes_the_keys(base, what):
     assert sys_key != keys(base)[0] and chunk_key != keys(base)[1]
 
 
-def test_lora_salt_and_layout_change_the_keys(base, monkeypatch):
+def test_lora_salt_and_layout_change_the_keys(base, chunk_env):
     plain = keys(base)
     variants = [
         keys(base, LORA),
@@ -91,10 +90,6 @@ def test_lora_salt_and_layout_change_the_keys(base, monkeypatch):
         keys(base, SimpleNamespace(**{**vars(LORA), "lora_int_id": 2})),
         keys(base, salt="tenant-a"),
     ]
-    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", "sequential")
-    get_config.cache_clear()
-    try:
-        variants.append(keys(base))
-    finally:
-        get_config.cache_clear()
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
+    variants.append(keys(base))
     assert len({plain, *variants}) == 1 + len(variants)

@@ -11,7 +11,6 @@ import pytest
 
 from tests.unit.test_engine_config import OFFLOADING, engine_config_of, multi
 from vllm_ascend_chunk import engine_config
-from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import auto_pool_bytes, pool_geometry, pool_shape
 
 MiB, GiB = 2**20, 2**30
@@ -32,18 +31,9 @@ class Executor:
 
 
 @pytest.fixture
-def pool_env(monkeypatch):
+def pool_env(chunk_env):
     """Sets (or, with None, unsets) VLLM_CHUNK_CACHE_SIZE_GB for the test."""
-
-    def set_size(value: str | None) -> None:
-        if value is None:
-            monkeypatch.delenv("VLLM_CHUNK_CACHE_SIZE_GB", raising=False)
-        else:
-            monkeypatch.setenv("VLLM_CHUNK_CACHE_SIZE_GB", value)
-        get_config.cache_clear()
-
-    yield set_size
-    get_config.cache_clear()
+    return lambda value: chunk_env(VLLM_CHUNK_CACHE_SIZE_GB=value)
 
 
 @pytest.fixture
@@ -134,11 +124,7 @@ def test_kv_memory_too_small_for_any_pool_is_a_clear_error(models_dir, pool_env)
 
 
 @pytest.mark.parametrize("name", ["VLLM_CHUNK_CACHE_SIZE_GB", "VLLM_CHUNK_CACHE_HOST_GB"])
-def test_a_size_below_one_page_fails_the_engine_config_naming_the_variable(models_dir, monkeypatch, name):
-    monkeypatch.setenv(name, "0.000001")  # 1 KiB: not one 16-token page of tiny Llama (16 KiB)
-    get_config.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=f"{name}=1e-06 holds no page of this model's pool"):
-            engine_config_of(models_dir / "tiny-llama")
-    finally:
-        get_config.cache_clear()
+def test_a_size_below_one_page_fails_the_engine_config_naming_the_variable(models_dir, chunk_env, name):
+    chunk_env(**{name: "0.000001"})  # 1 KiB: not one 16-token page of tiny Llama (16 KiB)
+    with pytest.raises(ValueError, match=f"{name}=1e-06 holds no page of this model's pool"):
+        engine_config_of(models_dir / "tiny-llama")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.metadata import ChunkSpans
@@ -18,16 +17,8 @@ class Params:
 
 
 @pytest.fixture
-def server_mode(monkeypatch):
-    def set_mode(value: str | None):
-        if value is None:
-            monkeypatch.delenv("VLLM_CHUNK_CACHE_RECOVERY", raising=False)
-        else:
-            monkeypatch.setenv("VLLM_CHUNK_CACHE_RECOVERY", value)
-        get_config.cache_clear()
-
-    yield set_mode
-    get_config.cache_clear()
+def server_mode(chunk_env):
+    return lambda value: chunk_env(VLLM_CHUNK_CACHE_RECOVERY=value)
 
 
 def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
