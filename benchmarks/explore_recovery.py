@@ -15,8 +15,14 @@ recompute fraction (prompt tokens computed / prompt tokens, when every document 
         sequential/suffix:last sequential/epic:8 sequential/epic:32 sequential/defer-epic:32 \\
         sequential/defer-blend:0.15 --out benchmarks/recovery_hf_musique.json
 
-`--configs` takes `layout/mode` (modes: `tests/helpers/hf_recovery.py`). The JSON is rewritten after
-every question.
+`--configs` takes `layout/mode` (modes: `tests/helpers/hf_recovery.py`); the word `curves` stands for
+`CURVE_CONFIGS` (issue 25: each budgeted selection rule at 5-30 % of the document tokens, APE-like
+scaling, `last`, `last:2`). Plans run in one masked forward (`run(..., one_pass=True)`, equal to
+the run-by-run loop). The JSON is rewritten after every question. Curves of its summary:
+`benchmarks/plot_recompute_curves.py`.
+
+    .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \
+        --max-tokens 20 --configs curves --out benchmarks/recompute_curves_synthetic.json
 
 Prompts, question sets and scores: `benchmarks/quality_data.py`.
 """
@@ -47,8 +53,30 @@ DEFAULT_CONFIGS = [
     "sequential/epic:8",
     "sequential/epic:32",
 ]
-"""`blend:r` (e.g. `sequential/blend:0.15`) is available but slow here: its scattered tokens are
-one forward each."""
+"""`blend:r` (e.g. `sequential/blend:0.15`) is available too (one masked forward, as every plan)."""
+
+BUDGETS = [0.05, 0.1, 0.15, 0.2, 0.3]
+APE_SETTINGS = ["0.9,0.9", "0.7,0.8", "0.5,1.0"]
+CURVE_CONFIGS = [
+    "overlap/plain",
+    "sequential/plain",
+    "sequential/suffix:last",
+    "sequential/suffix:last:2",
+    *[f"sequential/{rule}:{r}" for rule in ("blend", "qattn", "epicr") for r in BUDGETS],
+    *[f"sequential/ape:{ts}" for ts in APE_SETTINGS],
+    "overlap/qattn:0.2",
+]
+CURVE_CONFIGS_SHORT = [
+    "overlap/plain",
+    "sequential/plain",
+    "sequential/suffix:last",
+    "sequential/suffix:last:2",
+    *[f"sequential/{rule}:{r}" for rule in ("blend", "qattn", "epicr") for r in (0.1, 0.2)],
+    "sequential/ape:0.9,0.9",
+]
+"""Issue 25's sweep: `blend:r` (CacheBlend, oracle check layer), `qattn:r` (the question's
+attention at the middle layer), `epicr:r` (EPIC heads sized to the budget), `ape:T,S`;
+`curves-short` (`CURVE_CONFIGS_SHORT`): the budgets 10 and 20 % only, for long prompts."""
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -65,6 +93,7 @@ def summarize(rows: list[dict]) -> dict:
         "kl_mean": mean("kl"),
         "kl_median": statistics.median(kls) if kls else None,
         "recompute_fraction": mean("recompute"),
+        "doc_recompute_fraction": mean("doc_recompute"),
     }
 
 
@@ -108,6 +137,8 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    presets = {"curves": CURVE_CONFIGS, "curves-short": CURVE_CONFIGS_SHORT}
+    args.configs = [c for config in args.configs for c in presets.get(config, [config])]
 
     import torch
     from transformers import AutoTokenizer
@@ -147,15 +178,23 @@ def main() -> None:
                     "kl": 0.0,
                     "agree": 1.0,
                     "recompute": 1.0,
+                    "doc_recompute": 1.0,
                 }
             },
         }
-        deviation = {}
+        deviation, attention = {}, {}
         for config in args.configs:
             layout, mode = config.split("/")
             if "blend" in mode and layout not in deviation:
                 deviation[layout] = hr.key_deviation(model, kv, full_keys, p.sys_len, p.chunk_lens, layout)
-            compute = hr.recompute_set(mode, p.sys_len, p.chunk_lens, deviation.get(layout))
+            layer = hr.qattn_layer(model, mode)
+            if "qattn" in mode and (layout, layer) not in attention:
+                attention[layout, layer] = hr.question_attention(
+                    model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer
+                )
+            compute = hr.recompute_set(
+                mode, p.sys_len, p.chunk_lens, deviation.get(layout), attention.get((layout, layer))
+            )
             out = hr.run(
                 model,
                 p.ids,
@@ -167,6 +206,8 @@ def main() -> None:
                 args.max_tokens,
                 eos,
                 defer=mode.startswith("defer-"),
+                one_pass=True,
+                ape=hr.ape_setting(mode),
             )
             sample["configs"][config] = {
                 "answer": tok.decode(out.tokens, skip_special_tokens=True).strip(),
@@ -174,6 +215,7 @@ def main() -> None:
                 "kl": hr.kl(full.first_logprobs, out.first_logprobs),
                 "agree": float(out.tokens == full.tokens),
                 "recompute": out.computed / len(p.ids),
+                "doc_recompute": len(compute) / sum(p.chunk_lens),
             }
         for row in sample["configs"].values():
             row["f1"] = qd.best(qd.f1, row["answer"], item.answers)

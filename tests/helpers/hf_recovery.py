@@ -28,11 +28,35 @@ Candidate modes (`recompute_set`):
   attention's are computed (CacheBlend's selection with an oracle check layer: full attention's
   keys stand in for the check layer's fresh keys); not a suffix either.
 - `full`: every token computed, i.e. an ordinary causal prompt (the ceiling).
+
+Budgeted forms (issue 25; `r` = the fraction of region tokens computed, `round(r * region)`):
+- `blend:r` above (its count is `round(r * region)`; C_1's deviation is 0 in both layouts).
+- `qattn:r` (question-driven): the question is run once over the plainly loaded cache (a forward
+  of Q alone, as `plain` serves it) and its attention weights at one layer (default: the middle
+  one, `num_hidden_layers // 2`; `qattn:r@L` picks layer L), summed over heads and question
+  tokens, score every region token; the top `round(r * region)` of C_2..C_n are computed (C_1's
+  cached KV is already full attention's). Deterministic; an engine needs only that extra forward
+  of the question (`question_attention`).
+- `epicr:r`: EPIC with k chosen to hit the budget: the first `k = round(r * region / (n - 1))`
+  tokens of every chunk but the first (capped at the chunk's length; `r >= 1`: every chunk whole).
+- `suffix:last:m`: the whole last `m` chunks (`suffix:last:1` = `suffix:last`).
+- `ape:T,S`: nothing computed (as `plain`); the question's and generated tokens' attention over
+  the region follows APE (Yang et al., ICLR 2025): region logits divided by the temperature `T`
+  and the region's total weight multiplied by `S` against SYS and the question (SYS is APE's
+  shared prefix). Per query row, with `l` the region logits: region weights
+  `softmax(l / T)` inside, `exp(T * logsumexp(l / T) + log S)` as a group (`run(..., ape=(T, S))`).
 - `defer-<mode>` (e.g. `defer-epic:16`, `defer-blend:0.15`): the same recompute set, *executed
   after every loaded token*: the KV order becomes SYS, the loaded tokens in prompt order, the
   computed tokens in prompt order, Q (positions unchanged). A computed token then attends to
   every loaded token, including those at later positions, and to the computed tokens before it.
   Any recompute set fits vLLM's scheduler this way (load, then compute a contiguous suffix).
+
+`run(..., one_pass=True)` executes the same plan in one forward: every loaded token is appended
+first, then all computed tokens go in one forward with a 4D mask that lets each see exactly what
+the plan lets it see (loaded tokens before it in prompt order, or all of them when deferred, and
+computed tokens up to itself); attention does not depend on the order of the KV, so the result
+equals the loop's (checked by `tests/models/test_hf_recovery.py`), at one forward instead of one
+per run of scattered tokens.
 
 The loop runs the plan in order: maximal runs of loaded tokens are appended to an HF
 `DynamicCache`, maximal runs of computed tokens are one forward over that cache. Greedy decoding
@@ -41,7 +65,10 @@ continues on the cache. fp32, eager attention.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
@@ -116,21 +143,36 @@ def rotate(model, keys: torch.Tensor, delta: int) -> torch.Tensor:
 
 
 def recompute_set(
-    mode: str, sys_len: int, chunk_lens: list[int], deviation: torch.Tensor | None = None
+    mode: str,
+    sys_len: int,
+    chunk_lens: list[int],
+    deviation: torch.Tensor | None = None,
+    attention: torch.Tensor | None = None,
 ) -> set[int]:
-    """Region offsets (0 = first token of C_1) computed rather than loaded, for `mode`."""
+    """Region offsets (0 = first token of C_1) computed rather than loaded, for `mode`.
+
+    `deviation` (for `blend`) and `attention` (for `qattn`): one score per region token."""
     mode = mode.removeprefix("defer-")
     region = sum(chunk_lens)
     name, _, arg = mode.partition(":")
-    if name == "plain":
+    if name in ("plain", "ape"):
         return set()
     if name == "full":
         return set(range(region))
     if name == "suffix":
-        k = chunk_lens[-1] if arg == "last" else int(arg)
+        if arg.startswith("last"):
+            m = int(arg.partition(":")[2] or 1)
+            k = sum(chunk_lens[len(chunk_lens) - m :])
+        else:
+            k = int(arg)
         return set(range(max(0, region - k), region))
-    if name == "epic":
-        k, out, at = int(arg), set(), 0
+    if name in ("epic", "epicr"):
+        if name == "epic":
+            k = int(arg)
+        else:
+            r, rest = float(arg), len(chunk_lens) - 1
+            k = max(chunk_lens) if r >= 1 else round(r * region / rest) if rest else 0
+        out, at = set(), 0
         for i, n in enumerate(chunk_lens):
             if i > 0:
                 out.update(range(at, at + min(k, n)))
@@ -141,7 +183,93 @@ def recompute_set(
             raise ValueError("blend needs the per-token key deviation")
         count = round(float(arg) * region)
         return set(torch.topk(deviation, count).indices.tolist()) if count else set()
+    if name == "qattn":
+        if attention is None:
+            raise ValueError("qattn needs the question's attention over the region")
+        count = min(round(float(arg.partition("@")[0]) * region), region - chunk_lens[0])
+        scores = attention.clone().float()
+        scores[: chunk_lens[0]] = -math.inf  # C_1's cached KV is full attention's already
+        return set(torch.topk(scores, count).indices.tolist()) if count else set()
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def ape_setting(mode: str) -> tuple[float, float] | None:
+    """(T, S) of an `ape:T,S` mode, else None."""
+    name, _, arg = mode.removeprefix("defer-").partition(":")
+    if name != "ape":
+        return None
+    t, s = arg.split(",")
+    return float(t), float(s)
+
+
+def qattn_layer(model, mode: str) -> int:
+    """The layer whose attention a `qattn:r[@L]` mode reads (default: the middle one)."""
+    _, _, layer = mode.partition("@")
+    return int(layer) if layer else model.config.num_hidden_layers // 2
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+@contextlib.contextmanager
+def _attention(model, ape: tuple[float, float] | None = None, region: slice | None = None, record=None):
+    """Eager attention (Llama modules), with APE's region scaling and/or one layer's weights recorded.
+
+    `ape` = (T, S): for the KV columns `region`, logits `l` become `l / T + (T - 1) * lse(l / T) +
+    log S` (lse over the region, per query row), i.e. APE's grouped softmax in one softmax.
+    `record` = (layer, list): the attention weights [1, H, q, kv] of that layer are appended."""
+    from transformers.models.llama import modeling_llama
+
+    def forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        groups = module.num_key_value_groups
+        k, v = _repeat_kv(key, groups), _repeat_kv(value, groups)
+        logits = torch.matmul(query, k.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            logits = logits + attention_mask[:, :, :, : k.shape[-2]]
+        if ape is not None:
+            t, s = ape
+            doc = logits[..., region] / t
+            logits = logits.clone()
+            logits[..., region] = doc + (t - 1) * torch.logsumexp(doc, -1, keepdim=True) + math.log(s)
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+        if record is not None and module.layer_idx == record[0]:
+            record[1].append(weights)
+        return torch.matmul(weights, v).transpose(1, 2).contiguous(), weights
+
+    if model.config._attn_implementation != "eager":
+        raise ValueError("the APE / recording attention replaces eager attention only")
+    with mock.patch.object(modeling_llama, "eager_attention_forward", forward):
+        yield
+
+
+def _loaded_cache(model, kv: ChunkKV, sys_len: int, starts: list[int]):
+    """SYS + every chunk loaded whole (re-rotated to `starts`), as `plain` serves it."""
+    cache = _cache_from([(k.clone(), v.clone()) for k, v in kv.sys])
+    for i, layers in enumerate(kv.chunks):
+        for layer, (k, v) in enumerate(layers):
+            cache.update(rotate(model, k, starts[i] - sys_len), v, layer)
+    return cache
+
+
+@torch.no_grad()
+def question_attention(
+    model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: str, kv: ChunkKV, layer: int
+) -> torch.Tensor:
+    """Per region token: the question's attention weight at `layer` over the plainly loaded cache,
+    summed over heads and question tokens (`qattn:r`)."""
+    starts, q_start = layout_starts(sys_len, chunk_lens, layout)
+    cache = _loaded_cache(model, kv, sys_len, starts)
+    q_ids = prompt[sys_len + sum(chunk_lens) :]
+    weights: list[torch.Tensor] = []
+    with _attention(model, record=(layer, weights)):
+        model(
+            input_ids=torch.tensor([q_ids]),
+            position_ids=torch.arange(q_start, q_start + len(q_ids))[None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+    return weights[0][0, :, :, sys_len : sys_len + sum(chunk_lens)].sum(dim=(0, 1)).float()
 
 
 @torch.no_grad()
@@ -156,10 +284,14 @@ def run(
     max_tokens: int = 16,
     eos: int | None = None,
     defer: bool = False,
+    one_pass: bool = False,
+    ape: tuple[float, float] | None = None,
 ) -> Outcome:
     """Execute the plan (loaded/computed region tokens, then Q), then decode greedily.
 
-    `defer`: the computed tokens go after every loaded token (a contiguous suffix before Q)."""
+    `defer`: the computed tokens go after every loaded token (a contiguous suffix before Q).
+    `one_pass`: every loaded token first, then the computed ones in one masked forward (same result).
+    `ape` = (T, S): the question's and generated tokens' attention over the region follows APE."""
     starts, q_start = layout_starts(sys_len, chunk_lens, layout)
     # Per region token: (prompt index, position, chunk, offset in chunk, computed?)
     tokens = []
@@ -168,25 +300,30 @@ def run(
         for j in range(n):
             tokens.append((sys_len + at + j, starts[i] + j, i, j, (at + j) in compute))
         at += n
-    if defer:
+    if defer or one_pass:
         tokens = [t for t in tokens if not t[4]] + [t for t in tokens if t[4]]
     cache = _cache_from([(k.clone(), v.clone()) for k, v in kv.sys])
     logits = None
     r = 0
     while r < len(tokens):
         end = r
-        # A run: computed tokens of any chunks, or loaded tokens of one chunk.
+        # A run: computed tokens of any chunks, or consecutive loaded tokens of one chunk.
         while (
             end < len(tokens)
             and tokens[end][4] == tokens[r][4]
-            and (tokens[r][4] or tokens[end][2] == tokens[r][2])
+            and (
+                tokens[r][4]
+                or end == r
+                or (tokens[end][2] == tokens[r][2] and tokens[end][3] == tokens[end - 1][3] + 1)
+            )
         ):
             end += 1
         run_ = tokens[r:end]
         if run_[0][4]:  # computed
             ids = torch.tensor([[prompt[t[0]] for t in run_]])
             pos = torch.tensor([[t[1] for t in run_]])
-            model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            mask = _plan_mask(tokens[:r], run_, sys_len, defer) if one_pass and not defer else None
+            model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, attention_mask=mask)
         else:  # loaded: one chunk's slice, re-rotated to the layout's start
             i, j0, j1 = run_[0][2], run_[0][3], run_[-1][3] + 1
             delta = starts[i] - sys_len
@@ -195,13 +332,34 @@ def run(
         r = end
     q_ids = prompt[sys_len + sum(chunk_lens) :]
     positions = torch.arange(q_start, q_start + len(q_ids))[None]
-    logits = (
-        model(input_ids=torch.tensor([q_ids]), position_ids=positions, past_key_values=cache, use_cache=True)
-        .logits[0, -1]
-        .float()
-    )
-    tokens, first = _decode(model, cache, logits, q_start + len(q_ids), max_tokens, eos)
+    region = slice(sys_len, sys_len + sum(chunk_lens))
+    scaled = _attention(model, ape=ape, region=region) if ape else contextlib.nullcontext()
+    with scaled:
+        logits = (
+            model(
+                input_ids=torch.tensor([q_ids]), position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            .logits[0, -1]
+            .float()
+        )
+        tokens, first = _decode(model, cache, logits, q_start + len(q_ids), max_tokens, eos)
     return Outcome(tokens=tokens, first_logprobs=first, computed=len(compute) + len(q_ids))
+
+
+def _plan_mask(loaded: list[tuple], computed: list[tuple], sys_len: int, defer: bool) -> torch.Tensor:
+    """[1, 1, m, kv] additive mask of one forward of every computed token over SYS + the loaded
+    tokens: a computed token sees SYS, the loaded tokens before it in prompt order (all of them if
+    `defer`), and the computed tokens up to itself in prompt order."""
+    lp = torch.tensor([t[0] for t in loaded], dtype=torch.long)
+    cp = torch.tensor([t[0] for t in computed], dtype=torch.long)
+    see_sys = torch.ones(len(cp), sys_len, dtype=torch.bool)
+    see_loaded = torch.ones(len(cp), len(lp), dtype=torch.bool) if defer else lp[None, :] < cp[:, None]
+    see_computed = cp[None, :] <= cp[:, None]
+    allowed = torch.cat([see_sys, see_loaded, see_computed], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(
+        ~allowed, torch.finfo(torch.float32).min
+    )
+    return mask[None, None]
 
 
 def _decode(

@@ -73,3 +73,112 @@ def test_recompute_sets():
         hr.recompute_set("blend:0.1", SYS, LENS)
     assert hr.layout_starts(SYS, LENS, "overlap") == ([7, 7, 7], 24)
     assert hr.layout_starts(SYS, LENS, "sequential") == ([7, 17, 34], 42)
+
+
+SCATTERED = {0, 3, 11, 12, 20, 26, 27, 28, 33}
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("compute", [set(), SCATTERED, set(range(10, 13)) | set(range(27, 30))])
+def test_one_pass_plans_equal_the_loop(tiny, compute, defer):
+    """One masked forward of the computed tokens equals the plan executed run by run."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    loop = hr.run(tiny, PROMPT, SYS, LENS, "sequential", compute, kv, 6, defer=defer)
+    one = hr.run(tiny, PROMPT, SYS, LENS, "sequential", compute, kv, 6, defer=defer, one_pass=True)
+    assert one.tokens == loop.tokens
+    assert one.computed == loop.computed
+    assert hr.kl(loop.first_logprobs, one.first_logprobs) < 1e-6
+
+
+def test_deferred_scattered_plan_loads_each_token_once(tiny):
+    """A deferred scattered set loads only the tokens it does not compute: deferring a set whose
+    tokens would all come last anyway (a suffix of the region) changes nothing."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    suffix = hr.recompute_set("suffix:5", SYS, LENS)
+    a = hr.run(tiny, PROMPT, SYS, LENS, "sequential", suffix, kv, 6)
+    b = hr.run(tiny, PROMPT, SYS, LENS, "sequential", suffix, kv, 6, defer=True)
+    assert a.tokens == b.tokens
+    assert hr.kl(a.first_logprobs, b.first_logprobs) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["blend", "qattn", "epicr"])
+def test_budgeted_modes_span_plain_to_full(tiny, name):
+    """At budget 0 a budgeted mode is `plain`; at budget 1.0 it is full attention (sequential)."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    full, full_keys = hr.run_full(tiny, PROMPT, max_tokens=6)
+    deviation = hr.key_deviation(tiny, kv, full_keys, SYS, LENS, "sequential")
+    attention = hr.question_attention(
+        tiny, PROMPT, SYS, LENS, "sequential", kv, hr.qattn_layer(tiny, "qattn:0")
+    )
+    plain = hr.run(tiny, PROMPT, SYS, LENS, "sequential", set(), kv, 6)
+
+    def run(budget):
+        compute = hr.recompute_set(f"{name}:{budget}", SYS, LENS, deviation, attention)
+        return compute, hr.run(tiny, PROMPT, SYS, LENS, "sequential", compute, kv, 6, one_pass=True)
+
+    none, out0 = run(0)
+    assert none == set() and out0.tokens == plain.tokens
+    everything, out1 = run(1.0)
+    assert set(range(LENS[0], sum(LENS))) <= everything
+    assert out1.tokens == full.tokens
+    assert hr.kl(full.first_logprobs, out1.first_logprobs) < 1e-5
+    some, _ = run(0.2)
+    assert abs(len(some) - round(0.2 * sum(LENS))) <= (len(LENS) - 1 if name == "epicr" else 0)
+
+
+def test_question_attention_and_qattn_selection(tiny):
+    """The question's attention is a distribution share per region token; `qattn` takes the top
+    tokens of C_2..C_n (never C_1, whose cached KV is exact) and reads the middle layer by default."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    layer = hr.qattn_layer(tiny, "qattn:0.1")
+    assert layer == tiny.config.num_hidden_layers // 2
+    assert hr.qattn_layer(tiny, "qattn:0.1@0") == 0
+    attention = hr.question_attention(tiny, PROMPT, SYS, LENS, "sequential", kv, layer)
+    q_len = len(PROMPT) - SYS - sum(LENS)
+    heads = tiny.config.num_attention_heads
+    assert attention.shape == (sum(LENS),)
+    assert 0 < float(attention.sum()) <= heads * q_len + 1e-4
+    scores = torch.arange(sum(LENS)).float().flip(0)  # C_1's tokens score highest
+    assert hr.recompute_set("qattn:0.1", SYS, LENS, attention=scores) == {10, 11, 12, 13}
+    with pytest.raises(ValueError):
+        hr.recompute_set("qattn:0.1", SYS, LENS)
+
+
+def test_budgeted_sets():
+    region = sum(LENS)
+    assert hr.recompute_set("epicr:0.2", SYS, LENS) == {10, 11, 12, 13, 27, 28, 29, 30}  # k = round(7/2)
+    assert hr.recompute_set("suffix:last:1", SYS, LENS) == hr.recompute_set("suffix:last", SYS, LENS)
+    assert hr.recompute_set("suffix:last:2", SYS, LENS) == set(range(LENS[0], region))
+    assert hr.recompute_set("ape:0.9,0.8", SYS, LENS) == set()
+    assert hr.ape_setting("ape:0.9,0.8") == (0.9, 0.8)
+    assert hr.ape_setting("blend:0.1") is None
+
+
+def test_ape_scaling(tiny):
+    """`ape:1,1` is plain reuse exactly; a scaled setting moves the first token's distribution, and
+    the grouped form equals APE's: region weights softmax(l / T) inside, exp(T lse(l / T) + log S)
+    as a group against the other columns."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    plain = hr.run(tiny, PROMPT, SYS, LENS, "sequential", set(), kv, 6)
+    same = hr.run(tiny, PROMPT, SYS, LENS, "sequential", set(), kv, 6, ape=(1.0, 1.0))
+    assert same.tokens == plain.tokens
+    assert hr.kl(plain.first_logprobs, same.first_logprobs) < 1e-9
+    moved = hr.run(tiny, PROMPT, SYS, LENS, "sequential", set(), kv, 6, ape=(0.5, 0.5))
+    assert hr.kl(plain.first_logprobs, moved.first_logprobs) > 1e-6
+
+    t, s = 0.7, 0.6
+    logits = torch.randn(2, 12)
+    region = slice(3, 9)
+    doc = logits[:, region] / t
+    merged = logits.clone()
+    merged[:, region] = doc + (t - 1) * torch.logsumexp(doc, -1, keepdim=True) + torch.log(torch.tensor(s))
+    weights = torch.softmax(merged, -1)
+    groups = torch.stack(
+        [
+            torch.logsumexp(torch.cat([logits[:, :3], logits[:, 9:]], -1), -1),
+            t * torch.logsumexp(doc, -1) + torch.log(torch.tensor(s)),
+        ],
+        -1,
+    ).softmax(-1)
+    assert torch.allclose(weights[:, region].sum(-1), groups[:, 1], atol=1e-6)
+    assert torch.allclose(weights[:, region] / groups[:, 1:], doc.softmax(-1), atol=1e-6)
