@@ -70,8 +70,9 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
 
     reads: dict[int, bool] = field(default_factory=dict)
     """`RemoteRead.read_id` → whether the entry is now in the pool rows (on every worker)."""
-    remote_up: bool | None = None
-    """Whether the remote store is reachable (None: this worker has no remote tier)."""
+    remote_up: dict[int, bool] = field(default_factory=dict)
+    """Tensor-parallel rank → whether its remote store is reachable (no entry: the rank has no
+    remote tier, or nothing new to report; the scheduler keeps each rank's last report)."""
     remote_counters: dict[int, dict[str, int]] = field(default_factory=dict)
     """Tensor-parallel rank → its remote store's running counters (`RemoteStore.stats`)."""
 
@@ -79,9 +80,8 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
         assert isinstance(other, ChunkCacheWorkerMetadata)
         reads = {i: ok and other.reads.get(i, False) for i, ok in self.reads.items()}
         reads.update({i: False for i in other.reads.keys() - reads.keys()})
-        up = [u for u in (self.remote_up, other.remote_up) if u is not None]
         return ChunkCacheWorkerMetadata(
             reads=reads,
-            remote_up=all(up) if up else None,
+            remote_up={**self.remote_up, **other.remote_up},
             remote_counters={**self.remote_counters, **other.remote_counters},
         )

@@ -467,7 +467,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 self.rows.update({r: (read.key, t, generation) for t, r in enumerate(read.rows)})
             reads[read.read_id] = ok
         if reads or up is not None:
-            self.coord.update_connector_output(ChunkCacheWorkerMetadata(reads=reads, remote_up=up))
+            self.coord.update_connector_output(
+                ChunkCacheWorkerMetadata(reads=reads, remote_up={} if up is None else {0: up})
+            )
 
     @staticmethod
     def _prefill_tokens(prefill: ChunkPrefill) -> list[tuple[bytes, int]]:

@@ -151,6 +151,9 @@ class ChunkCacheCoordinator:
         next `plan`."""
         self.remote_counters: dict[int, dict[str, int]] = {}
         """Latest remote-store counters of each worker."""
+        self.remote_up: dict[int, bool] = {}
+        """Latest remote-store state of each worker: a rank's report counts until it reports
+        again (a worker reports only changes); the store is up only if every rank says so."""
         self.users: dict[str, UserRequest] = {}
         self.prefills: dict[str, ChunkPrefill] = {}
         self._prefill_counter = itertools.count()
@@ -379,14 +382,17 @@ class ChunkCacheCoordinator:
         """The workers' report of a step: remote reads ended, the store's state and counters."""
         if report is None:
             return
-        if report.remote_up is not None and self.remote and report.remote_up != self.manager.remote:
-            logger.info(
-                "Chunk Cache: remote store %s",
-                "reachable: missing entries are read from it again"
-                if report.remote_up
-                else "unreachable: missing entries are computed until it is back",
-            )
-            self.manager.remote = report.remote_up
+        if report.remote_up and self.remote:
+            self.remote_up.update(report.remote_up)
+            up = all(self.remote_up.values())
+            if up != self.manager.remote:
+                logger.info(
+                    "Chunk Cache: remote store %s",
+                    "reachable: missing entries are read from it again"
+                    if up
+                    else "unreachable: missing entries are computed until it is back",
+                )
+                self.manager.remote = up
         if report.remote_counters:
             self.remote_counters.update(report.remote_counters)
             self._sum_remote_counters()

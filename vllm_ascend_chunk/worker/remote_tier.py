@@ -90,7 +90,9 @@ class RemoteTier:
             return None
         self._reported_up, self._reported_counters = up, counters
         return ChunkCacheWorkerMetadata(
-            reads=reads, remote_up=up, remote_counters={self.identity.tp_rank: counters}
+            reads=reads,
+            remote_up={self.identity.tp_rank: up},
+            remote_counters={self.identity.tp_rank: counters},
         )
 
     def close(self) -> None:
