@@ -82,7 +82,7 @@ class ChunkCacheStats:
     )
     remote_bytes_read: int = _counter("Bytes of objects read from the remote store (every worker).")
     remote_bytes_written: int = _counter("Bytes of objects written to the remote store (every worker).")
-    remote_errors: int = _counter("Remote store operations that failed or timed out (every worker).")
+    remote_errors: int = _counter("Remote store operations that failed (every worker; timeouts are misses).")
     remote_corrupt: int = _counter("Remote objects refused: corrupt, truncated or foreign (every worker).")
     remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
 

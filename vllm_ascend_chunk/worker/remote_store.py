@@ -6,18 +6,35 @@ checked against the reader's expectation, so a wrong name costs a miss, never wr
 
 Nothing here blocks the caller or raises because of the store: `put` queues the write for a
 writer thread (dropped, and counted, when the queue is over its byte bound or the store is down),
-`get` returns a future that resolves to the tensor or to `None` for every kind of miss.
+`get` queues the read for two reader threads (at most `read_queue` waiting) and returns a future
+that resolves to the tensor or to `None` for every kind of miss; `cancel()` on it before its read
+starts skips the read. Threads: one writer, two readers, one deadline watcher and one connector,
+whatever the number of operations.
+
+Objects larger than `part_bytes` are stored in parts: `name`, `name/part1`, ... Each part starts
+with a random nonce drawn per write; parts 1.. are written first, `name` last. A reader that finds
+a part missing (Mooncake evicts parts independently) or a part whose nonce is not `name`'s (two
+writers raced) has a miss and removes `name`, and so does one that finds an object corrupt: the
+next writer of the entry (it checks only `name`) writes the whole object again. A reader never
+returns KV of a mixed or partial object, and such an object does not outlive its next read.
 
 Faults:
 - Store unreachable at start-up or lost mid-run: `up` turns False and one warning is logged per
   outage; gets resolve to `None` at once, puts are dropped. A connector thread retries every
   `retry_s` (a fresh Mooncake client when the old one does not recover) and logs when it is back.
   Objects written before a master restart may be gone: the master's index does not survive it.
-- A slow or stuck store: each get's future resolves to `None` at `timeout_s`. The Mooncake TCP
-  transfer itself is bounded by `MC_TCP_PROGRESS_TIMEOUT_SEC` / `MC_TCP_STATUS_TIMEOUT_SEC`, which
-  are set (process-wide, unless already set) to `timeout_s` before the first client starts, so
-  reader threads are freed too. A call to a dead master returns after ~4 s whatever the settings.
-- Garbage, truncated or foreign objects: `None`, counted as `corrupt`, a rate-limited warning.
+- An operation that fails (an error code, an exception) counts in `errors` and makes the connector
+  probe the store at once (master reachable and answering, a small probe object read within
+  `timeout_s`): only a failed probe is an outage. A full store (Mooncake's -200, no space) is not
+  a failure: the put is dropped (`put_drops`).
+- A slow or stuck store: a get's future resolves to `None` at `timeout_s` after its read started
+  (a miss, counted in `timeouts`, not an outage by itself: a stuck store fails the probe). The
+  Mooncake TCP transfer itself is bounded by `MC_TCP_PROGRESS_TIMEOUT_SEC` /
+  `MC_TCP_STATUS_TIMEOUT_SEC`, which are set (process-wide, unless already set) to `timeout_s`
+  before the first client starts, so reader threads are freed too. A call to a dead master returns
+  after ~4 s whatever the settings.
+- Garbage, truncated or foreign objects: `None`, counted as `corrupt`, a rate-limited warning; the
+  object is removed unless it is foreign (another model's or format's under this name).
 """
 
 from __future__ import annotations
@@ -30,7 +47,7 @@ import queue
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,6 +59,12 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 _MIB = 1 << 20
 _PROBE_NAME = "chunk-cache/probe"
+_PROBE_VALUE = b"chunk-cache probe object\n"
+_NO_SPACE = -200
+"""Mooncake's NO_AVAILABLE_HANDLE: the store has no room for the object."""
+_NONCE_BYTES = 8
+"""Each part of a multi-part object starts with its write's nonce."""
+_READERS = 2
 _CORRUPT_LOG_INTERVAL_S = 60.0
 
 
@@ -69,6 +92,8 @@ class RemoteStoreConfig:
     """Reconnect interval while the store is unreachable."""
     queue_bytes: int = 512 * _MIB
     """Bound on the KV bytes waiting to be written; puts beyond it are dropped."""
+    read_queue: int = 4096
+    """Bound on the gets waiting for a reader; gets beyond it resolve to `None` at once."""
 
 
 @dataclass
@@ -77,24 +102,32 @@ class RemoteStoreStats:
 
     hits: int = 0
     misses: int = 0
-    """Gets of absent objects."""
+    """Gets that found no object: absent or incomplete (a part lost, parts of two writes), not
+    read within `timeout_s` of its start, cancelled before it started, or over `read_queue`."""
+    timeouts: int = 0
+    """Of the misses: reads not done within `timeout_s` of their start."""
+    get_drops: int = 0
+    """Of the misses: gets cancelled by the caller before their read started, or refused because
+    `read_queue` gets were waiting."""
     corrupt: int = 0
     """Gets of objects that failed to decode (garbage, truncated, foreign)."""
     errors: int = 0
-    """Gets and puts that failed because of the store: errors, timeouts, store down."""
+    """Gets and puts that failed because of the store: error codes, exceptions, store down."""
     bytes_read: int = 0
     bytes_written: int = 0
     puts: int = 0
     put_skips: int = 0
     """Puts of objects already present."""
     put_drops: int = 0
-    """Puts dropped: queue full, store down, or KV not matching its header."""
+    """Puts dropped: queue full, store down or full, or KV not matching its header."""
 
 
 class _PendingGet:
     """One get's future; settled once, by the read or by its deadline, whichever comes first."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, header: KVHeader) -> None:
+        self.name = name
+        self.header = header
         self.future: Future[torch.Tensor | None] = Future()
         self.settled = False
 
@@ -142,26 +175,40 @@ class RemoteStore:
         self._up = False
         self._ever_up = False
         self._outage_logged = False
+        self._suspect: str | None = None
+        """Why the store should be probed now (an operation failed), if it should."""
         self._corrupt_logged_at = -math.inf
         self._closed = threading.Event()
+        self._wake = threading.Event()
+        """Wakes the connector: an operation failed, or `close`."""
         self._queue: queue.SimpleQueue[tuple[str, KVHeader, torch.Tensor, int] | None] = queue.SimpleQueue()
         self._queued_bytes = 0
+        self._reads: queue.Queue[_PendingGet | None] = queue.Queue()
+        self._in_flight: dict[_PendingGet, float] = {}
+        """Reads started → their deadlines (watched by one thread)."""
+        self._deadlines = threading.Condition(self._lock)
         _bound_mooncake_transfers(config.timeout_s)
         self._store_class = _mooncake_store_class()
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chunk-cache-remote-get")
+        self._threads = [
+            threading.Thread(target=self._read_loop, name=f"chunk-cache-remote-get{i}", daemon=True)
+            for i in range(_READERS)
+        ]
+        self._watcher = threading.Thread(
+            target=self._deadline_loop, name="chunk-cache-remote-deadlines", daemon=True
+        )
         self._writer = threading.Thread(target=self._write_loop, name="chunk-cache-remote-put", daemon=True)
         self._connector = threading.Thread(
             target=self._connect_loop, name="chunk-cache-remote-connect", daemon=True
         )
-        self._writer.start()
-        self._connector.start()
+        for thread in (*self._threads, self._watcher, self._writer, self._connector):
+            thread.start()
         # A process that exits without `close` (an offline `LLM` script) would end inside
         # Mooncake's threads: the C++ runtime aborts the process (SIGABRT) on the way out.
         atexit.register(self.close)
 
     @property
     def up(self) -> bool:
-        """Connected, and the last operation succeeded."""
+        """Connected, and the last probe of the store succeeded."""
         return self._up
 
     def stats(self) -> RemoteStoreStats:
@@ -181,98 +228,147 @@ class RemoteStore:
         self._queue.put((name, header, kv, nbytes))
 
     def get(self, name: str, header: KVHeader) -> Future[torch.Tensor | None]:
-        """The object `name` as a tensor matching `header`, or `None` (absent, corrupt, foreign,
-        store error or down, or not read within `timeout_s`)."""
-        pending = _PendingGet()
-        client = self._client
-        if client is None or not self._up or self._closed.is_set():
+        """The object `name` as a tensor matching `header`, or `None` (absent, incomplete, corrupt,
+        foreign, store error or down, not read within `timeout_s` of the read's start, more than
+        `read_queue` gets waiting). `cancel()` on the future before the read starts skips it."""
+        pending = _PendingGet(name, header)
+        if self._client is None or not self._up or self._closed.is_set():
             self._settle(pending, None, "errors")
-            return pending.future
-        deadline = threading.Timer(self.config.timeout_s, self._expire, (pending,))
-        deadline.daemon = True
-        deadline.start()
-
-        def read() -> None:
-            try:
-                self._read(client, name, header, pending)
-            finally:
-                deadline.cancel()
-
-        try:
-            self._readers.submit(read)
-        except RuntimeError:  # closed meanwhile
-            deadline.cancel()
-            self._settle(pending, None, "errors")
+        elif self._reads.qsize() >= self.config.read_queue:
+            self._settle(pending, None, "misses", "get_drops")
+        else:
+            self._reads.put(pending)
         return pending.future
 
     def close(self) -> None:
-        """Stop the threads (queued writes are written first; in-flight reads finish or time out)
-        and close the Mooncake client. Idempotent; also run at interpreter exit."""
+        """Stop the threads (queued writes are written first, queued reads resolve to `None`,
+        in-flight reads finish or time out) and close the Mooncake client. Idempotent; also run at
+        interpreter exit."""
         atexit.unregister(self.close)
         if self._closed.is_set():
             return
         self._closed.set()
+        self._wake.set()
         self._queue.put(None)
         self._writer.join()
-        self._readers.shutdown(wait=True, cancel_futures=True)
+        for _ in self._threads:
+            self._reads.put(None)
+        for thread in self._threads:
+            thread.join()
+        with self._deadlines:
+            self._deadlines.notify()
+        self._watcher.join()
         self._connector.join()
         with self._lock:
             client, self._client, self._up = self._client, None, False
         if client is not None:
             client.close()
 
-    # Reads and writes.
+    # Reads.
 
-    def _read(self, client: Any, name: str, header: KVHeader, pending: _PendingGet) -> None:
+    def _read_loop(self) -> None:
+        while (pending := self._reads.get()) is not None:
+            if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
+                self._count("misses", "get_drops")
+                continue
+            client = self._client
+            if client is None or not self._up or self._closed.is_set():
+                self._settle(pending, None, "errors")
+                continue
+            with self._deadlines:
+                self._in_flight[pending] = time.monotonic() + self.config.timeout_s
+                self._deadlines.notify()
+            try:
+                self._read(client, pending)
+            finally:
+                with self._deadlines:
+                    self._in_flight.pop(pending, None)
+
+    def _deadline_loop(self) -> None:
+        """Resolves reads in flight past their deadline (the reader stays in Mooncake until the
+        transfer's own timeout; its late result is dropped)."""
+        with self._deadlines:
+            while not self._closed.is_set() or self._in_flight:
+                now = time.monotonic()
+                expired = [p for p, deadline in self._in_flight.items() if deadline <= now]
+                for pending in expired:
+                    del self._in_flight[pending]
+                    self._settle_locked(pending, None, ("misses", "timeouts"))
+                if expired and self._up:  # not a failure yet: the probe tells
+                    self._suspect = self._suspect or f"a read took over {self.config.timeout_s:g} s"
+                    self._wake.set()
+                wait = min(self._in_flight.values(), default=now + 1.0) - now
+                self._deadlines.wait(max(wait, 0.001))
+
+    def _read(self, client: Any, pending: _PendingGet) -> None:
+        name, header = pending.name, pending.header
+        names = self._part_names(name, object_size(header))
         try:
-            blob = client.get(name)
-            if blob and (rest := self._part_names(name, object_size(header))[1:]):
-                parts = [blob, *(client.get(part) for part in rest)]
-                if not all(parts):  # a part evicted, or not written: the object is incomplete
-                    self._settle(pending, None, "misses")
-                    return
-                blob = b"".join(parts)
-            if not blob:
+            first = client.get(name)
+            if not first:
                 # Mooncake answers b"" for absent objects and for failures alike.
                 present = client.is_exist(name)
                 if present == 0:
                     self._settle(pending, None, "misses")
-                elif present == 1:  # this object's read failed (e.g. its lease expired): not an outage
+                else:  # e.g. its lease expired, or the store failed
+                    self._operation_failed(f"reading {name!r} failed (exists: {present})")
                     self._settle(pending, None, "errors")
-                else:
-                    self._read_failed(pending, f"reading {name!r} failed (exists: {present})")
                 return
+            blob: bytes | memoryview = first
+            if len(names) > 1:
+                parts = [memoryview(first)]
+                for part in names[1:]:
+                    if pending.settled:  # past its deadline: no more transfers for it
+                        return
+                    parts.append(memoryview(client.get(part)))
+                nonce = parts[0][:_NONCE_BYTES]
+                if not all(len(p) > _NONCE_BYTES and p[:_NONCE_BYTES] == nonce for p in parts):
+                    # A part evicted, or parts of two writes: rewritable by the next writer.
+                    self._remove(client, name)
+                    self._settle(pending, None, "misses")
+                    return
+                blob = b"".join(p[_NONCE_BYTES:] for p in parts)
         except Exception as e:  # the Mooncake binding: whatever it raises is a store error
-            self._read_failed(pending, f"reading {name!r} raised {e!r}")
+            self._operation_failed(f"reading {name!r} raised {e!r}")
+            self._settle(pending, None, "errors")
             return
         try:
             kv = decode(blob, header)
         except KVObjectError as e:
             self._log_corrupt(name, e)
+            if e.reason not in ("foreign", "version"):
+                self._remove(client, name)
             self._settle(pending, None, "corrupt")
             return
-        self._settle(pending, kv, "hits", len(blob))
+        self._settle(pending, kv, "hits", nbytes=len(blob))
 
-    def _expire(self, pending: _PendingGet) -> None:
-        self._read_failed(pending, f"a read took over {self.config.timeout_s:g} s")
-
-    def _read_failed(self, pending: _PendingGet, reason: str) -> None:
-        # A read already given up on (timed out) says nothing about the store now.
-        if not pending.settled and not self._closed.is_set():
-            self._failed(reason)
-        self._settle(pending, None, "errors")
+    def _remove(self, client: Any, name: str) -> None:
+        """Remove the object `name` (its first part: what writers check), so that the next writer
+        of the entry writes it again. Forced: this reader's own lease on it does not stop it."""
+        try:
+            client.remove(name, True)
+        except Exception:  # best effort: a failure here leaves a miss, never wrong KV
+            logger.debug("Chunk Cache remote store: removing %r failed", name, exc_info=True)
 
     def _settle(
-        self, pending: _PendingGet, value: torch.Tensor | None, counter: str, nbytes: int = 0
+        self, pending: _PendingGet, value: torch.Tensor | None, *counters: str, nbytes: int = 0
     ) -> bool:
         with self._lock:
-            if pending.settled:
-                return False
-            pending.settled = True
+            return self._settle_locked(pending, value, counters, nbytes)
+
+    def _settle_locked(
+        self, pending: _PendingGet, value: torch.Tensor | None, counters: tuple[str, ...], nbytes: int = 0
+    ) -> bool:
+        if pending.settled:
+            return False
+        pending.settled = True
+        for counter in counters:
             setattr(self._stats, counter, getattr(self._stats, counter) + 1)
-            self._stats.bytes_read += nbytes
-        pending.future.set_result(value)
+        self._stats.bytes_read += nbytes
+        pending.future.set_result(value)  # no callbacks are registered by this package
         return True
+
+    # Writes.
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -303,28 +399,38 @@ class RemoteStore:
             self._count("put_skips")
         elif rc == 0:
             self._count("puts", bytes_written=len(blob))
+        elif rc == _NO_SPACE:  # the store is full: not a fault
+            self._count("put_drops")
         else:
-            self._failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
+            self._operation_failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
             self._count("errors")
 
     def _part_names(self, name: str, size: int) -> list[str]:
-        """The objects an object of `size` bytes is stored as: `name`, then `name/part<i>`."""
-        count = max(1, -(-size // self.config.part_bytes))
+        """The objects an object of `size` bytes is stored as: `name`, then `name/part<i>` (each
+        part but a lone one carries `_NONCE_BYTES` more)."""
+        count = 1 if size <= self.config.part_bytes else -(-size // (self.config.part_bytes - _NONCE_BYTES))
         return [name, *(f"{name}/part{i}" for i in range(1, count))]
 
     def _put_parts(self, client: Any, name: str, blob: bytes) -> int:
         """Put `blob` as its parts, the first one (`name`, what readers look for) last; the first
-        nonzero return code, or 0."""
-        step, view = self.config.part_bytes, memoryview(blob)  # parts as views: no copies
+        nonzero return code (the parts written are removed then), or 0."""
         names = self._part_names(name, len(blob))
-        for i in [*range(1, len(names)), 0]:
-            if rc := client.put(names[i], view[i * step : (i + 1) * step]):
+        if len(names) == 1:
+            return client.put(name, blob)
+        # Upserts: a part left by an earlier write of this name (its first part evicted or removed)
+        # is replaced, not kept, as `put` would.
+        step, view, nonce = self.config.part_bytes - _NONCE_BYTES, memoryview(blob), os.urandom(_NONCE_BYTES)
+        for n, i in enumerate([*range(1, len(names)), 0]):
+            if rc := client.upsert_parts(names[i], nonce, view[i * step : (i + 1) * step]):
+                for j in range(1, 1 + n):  # complete or absent
+                    self._remove(client, names[j])
                 return rc
         return 0
 
-    def _count(self, counter: str, bytes_written: int = 0) -> None:
+    def _count(self, *counters: str, bytes_written: int = 0) -> None:
         with self._lock:
-            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
+            for counter in counters:
+                setattr(self._stats, counter, getattr(self._stats, counter) + 1)
             self._stats.bytes_written += bytes_written
 
     def _log_corrupt(self, name: str, error: KVObjectError) -> None:
@@ -345,11 +451,32 @@ class RemoteStore:
 
     # Connection.
 
+    def _operation_failed(self, reason: str) -> None:
+        """An operation failed: the connector probes the store (only a failed probe is an outage)."""
+        with self._lock:
+            if not self._up or self._closed.is_set():
+                return
+            self._suspect = self._suspect or reason
+        self._wake.set()
+
     def _failed(self, reason: str) -> None:
         with self._lock:
             self._up = False
             first = not self._outage_logged
             self._outage_logged = True
+        # Reads waiting behind readers stuck in the failed store resolve now.
+        while not self._closed.is_set():
+            try:
+                pending = self._reads.get_nowait()
+            except queue.Empty:
+                break
+            if pending is None:  # `close` began meanwhile: its reader sentinels stay
+                self._reads.put(None)
+                break
+            if pending.future.set_running_or_notify_cancel():
+                self._settle(pending, None, "errors")
+            else:
+                self._count("misses", "get_drops")
         if first:
             logger.warning(
                 "Chunk Cache remote store (Mooncake master %s) unavailable: %s; remote reads "
@@ -362,6 +489,7 @@ class RemoteStore:
     def _recovered(self) -> None:
         with self._lock:
             self._up = True
+            self._suspect = None
             again, self._ever_up = self._ever_up, True
             self._outage_logged = False
         logger.info(
@@ -374,31 +502,64 @@ class RemoteStore:
         while not self._closed.is_set():
             if not self._up:
                 self._reconnect()
-            self._closed.wait(self.config.retry_s)
+            elif self._suspect is not None:
+                with self._lock:
+                    suspect, self._suspect = self._suspect, None
+                if (failure := self._probe(self._client)) is not None:
+                    self._failed(f"{failure}, after {suspect}")
+            self._wake.wait(self.config.retry_s)
+            self._wake.clear()
+
+    def _probe(self, client: Any) -> str | None:
+        """Why the store does not work now, or None: the master is reachable and answers, and the
+        probe object reads within `timeout_s` (or, absent, can be written, or the store is full)."""
+        if not _reachable(self.config.master, min(1.0, self.config.retry_s)):
+            return f"no master listening at {self.config.master}"
+        start = time.monotonic()
+        try:
+            present = client.is_exist(_PROBE_NAME)
+            if present < 0:
+                return f"the master does not answer (exists: {present})"
+            if present == 0:
+                rc = client.put(_PROBE_NAME, _PROBE_VALUE)
+                if rc not in (0, _NO_SPACE):
+                    return f"writing the probe object failed ({rc})"
+            elif client.get(_PROBE_NAME) != _PROBE_VALUE and client.is_exist(_PROBE_NAME) != 0:
+                return "reading the probe object failed"
+        except Exception as e:  # the Mooncake binding: whatever it raises is a store error
+            return f"the probe raised {e!r}"
+        took = time.monotonic() - start
+        if took > self.config.timeout_s:
+            return f"the probe took {took:.1f} s"
+        return None
 
     def _reconnect(self) -> None:
         if not _reachable(self.config.master, min(1.0, self.config.retry_s)):
             self._failed(f"no master listening at {self.config.master}")
             return
-        if self._client is not None and self._client.is_exist(_PROBE_NAME) >= 0:
-            self._recovered()  # the Mooncake client reconnects to a restarted master by itself
+        client = self._client
+        # The Mooncake client reconnects to a restarted master by itself: a new one only when the
+        # master does not answer this one.
+        if client is None or client.is_exist(_PROBE_NAME) < 0:
+            client = self._store_class()
+            rc = client.setup(
+                self._hostname,
+                self.config.metadata_server,
+                self.config.segment_bytes,
+                self.config.buffer_bytes,
+                self.config.protocol,
+                self.config.device_name,
+                self.config.master,
+            )
+            if rc != 0:
+                self._failed(f"Mooncake client setup returned {rc}")
+                return
+            if self._closed.is_set():
+                client.close()
+                return
+            # A replaced client is released when the last read still using it returns.
+            self._client = client
+        if (failure := self._probe(client)) is not None:
+            self._failed(failure)
             return
-        client = self._store_class()
-        rc = client.setup(
-            self._hostname,
-            self.config.metadata_server,
-            self.config.segment_bytes,
-            self.config.buffer_bytes,
-            self.config.protocol,
-            self.config.device_name,
-            self.config.master,
-        )
-        if rc != 0:
-            self._failed(f"Mooncake client setup returned {rc}")
-            return
-        if self._closed.is_set():
-            client.close()
-            return
-        # A replaced client is released when the last read still using it returns.
-        self._client = client
         self._recovered()

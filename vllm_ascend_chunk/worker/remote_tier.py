@@ -79,6 +79,7 @@ class RemoteTier:
             try:
                 kv = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
+                future.cancel()  # a read still queued: skipped, no transfer
                 kv = None
             if kv is not None:
                 pool.write_rows(read.rows, kv)
