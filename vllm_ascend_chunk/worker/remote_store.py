@@ -501,7 +501,10 @@ class RemoteStore:
     def _connect_loop(self) -> None:
         while not self._closed.is_set():
             if not self._up:
-                self._reconnect()
+                try:
+                    self._reconnect()
+                except Exception as e:  # the Mooncake binding: this thread must go on retrying
+                    self._failed(f"connecting raised {e!r}")
             elif self._suspect is not None:
                 with self._lock:
                     suspect, self._suspect = self._suspect, None
