@@ -171,7 +171,7 @@ class ChunkCacheConfig:
     def pool_setting(self) -> str:
         """How the pool's size is chosen, in the words of the settings."""
         if self.size_gb is None:
-            return "VLLM_CHUNK_CACHE_SIZE_GB unset: a share of the KV memory"
+            return "the auto-sized pool (VLLM_CHUNK_CACHE_SIZE_GB unset)"
         return f"VLLM_CHUNK_CACHE_SIZE_GB={self.size_gb:g}"
 
     def describe(self) -> str:

@@ -127,6 +127,6 @@ def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry) -> None:
     if pages > geometry.num_pages:
         raise ChunkPromptError(
             f"The system prompt and documents of this request need {pages * geometry.page_size} "
-            f"tokens of chunk pool, but the pool ({get_config().pool_setting()}) holds {geometry.num_rows}. "
+            f"tokens of chunk pool, but {get_config().pool_setting()} holds {geometry.num_rows}. "
             "Send fewer or shorter documents, or raise VLLM_CHUNK_CACHE_SIZE_GB."
         )
