@@ -93,7 +93,8 @@ bench() {
 }
 
 bench_long() {
-  # prefix too: its warm requests are the exact-prefix-hit floor of the same prompts.
+  # prefix too: prefix caching on the same reordered documents. (The exact-prefix-hit floor of the
+  # issue's target needs the same prompt sent twice: no phase of bench_rag does that yet.)
   "$venv/bin/python" -m benchmarks.bench_rag --model "$models/bench-llama-1b" --dtype bfloat16 --long \
     --configs no_cache,prefix,chunk --pool-gb 12 --server-arg=--gpu-memory-utilization=0.85 \
     --note "H100, gpu_session.sh bench-long" \
