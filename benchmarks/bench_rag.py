@@ -72,6 +72,11 @@ TARGETS = {  # name: (what, limit, "min" = ratio must be at least limit / "max" 
     "cold_overhead": ("cold 8-doc TTFT p50: chunk cache / no caching", 1.2, "max"),
     "shuffled_speedup": ("shuffled-stream TTFT p50: prefix caching / chunk cache", 5.0, "min"),
 }
+FLOOR_TARGET = (
+    "fully warm TTFT p50, chunk cache / the same prompts as exact-prefix hits of prefix caching",
+    1.2,
+    "max",
+)
 LONG_TARGETS = {
     "warm_speedup": ("fully warm 32-doc x 1K TTFT p50: no caching / chunk cache", 100.0, "min"),
     "cold_overhead": ("cold 32-doc x 1K TTFT p50: chunk cache / no caching", 1.2, "max"),
@@ -538,6 +543,10 @@ def is_fully_warm(n_docs: int):
     return lambda s: s["label"] == "warm" and s["n_docs"] == n_docs and s["phase"] in ("sweep", "shuffled")
 
 
+def is_exact_repeat(n_docs: int):
+    return lambda s: s["phase"] == "repeat" and s["n_docs"] == n_docs
+
+
 def is_cold(n_docs: int):
     return lambda s: (
         s["label"] == "cold" and s["n_docs"] == n_docs and s["phase"] in ("sweep", "cold", "shuffled")
@@ -565,6 +574,7 @@ def targets(results: dict[str, dict], long: bool = False, itl: dict | None = Non
     values = {
         "warm_speedup": ratio(p50_of(nc, is_fully_warm(n)), p50_of(cc, is_fully_warm(n))),
         "cold_overhead": ratio(p50_of(cc, is_cold(n)), p50_of(nc, is_cold(n))),
+        "floor_ratio": ratio(p50_of(cc, is_fully_warm(n)), p50_of(pc, is_exact_repeat(n))),
         "shuffled_speedup": ratio(
             p50_of(pc, lambda s: s["phase"] == "shuffled"), p50_of(cc, lambda s: s["phase"] == "shuffled")
         ),
@@ -576,6 +586,8 @@ def targets(results: dict[str, dict], long: bool = False, itl: dict | None = Non
             r.get("samples") and any(s["phase"] != "warmup" for s in r["samples"]) for r in results.values()
         )
     }
+    if values["floor_ratio"] is not None:
+        specs["floor_ratio"] = FLOOR_TARGET
     for level in sorted({lv for r in results.values() for lv in r.get("concurrency", {})}, key=int):
         name = f"throughput_speedup_{level}"
         what, limit, kind = CONCURRENCY_TARGET
@@ -897,6 +909,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of document popularity")
     ap.add_argument("--sweep-repeats", type=int, help="warm repeats per sweep size (default 3, quick 1)")
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="send each warm sweep request twice: the second, an exact-prefix hit for prefix "
+        "caching, is the floor that the chunk cache's warm TTFT is held to (target floor_ratio)",
+    )
+    ap.add_argument(
         "--cold-requests", type=int, help="extra all-miss 8-document requests (default 3, quick 1)"
     )
     ap.add_argument(
@@ -1015,6 +1033,7 @@ def workload_from_args(args) -> rag_workload.RagWorkload:
         question_tokens=args.question_tokens,
         sweep_sizes=tuple(args.sweep_sizes),
         sweep_warm_repeats=pick(args.sweep_repeats, 3, 1),
+        exact_repeats=args.floor,
         cold_requests=pick(args.cold_requests, 3, 1),
         corpus_size=pick(args.corpus_size, 48, 12),
         stream_requests=pick(args.stream_requests, 30, 8),

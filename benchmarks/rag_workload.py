@@ -63,7 +63,7 @@ def zipf_sample(rng: random.Random, n_items: int, k: int, s: float) -> list[int]
 
 @dataclass
 class RagRequest:
-    phase: str  # which part of the workload: "warmup", "sweep", "cold", "stream", "shuffled"
+    phase: str  # which part of the workload: "warmup", "sweep", "repeat", "cold", "stream", "shuffled"
     doc_ids: list[int]  # document seeds, in prompt order
     question_seed: int
     label: str = ""  # "cold" (no document seen before in this run) / "warm" / "" (mixed)
@@ -145,6 +145,7 @@ def build_workload(
     shuffled_docs: int = 8,
     shuffled_repeats: int = 4,
     warmup_requests: int = 1,
+    exact_repeats: bool = False,
 ) -> RagWorkload:
     """The benchmark's request sequence (the same for every configuration).
 
@@ -152,6 +153,8 @@ def build_workload(
       costs, and the first load from the pool, out of the numbers);
     - sweep: for n in `sweep_sizes`, one request on n new documents ("cold"), then
       `sweep_warm_repeats` on the same documents with every one moved ("warm", a new question);
+      with `exact_repeats`, each warm one is sent again as it is (phase "repeat": for prefix
+      caching an exact-prefix hit, the floor of what any cache can do for that prompt);
     - cold: `cold_requests` requests of `cold_docs` new documents each (all misses);
     - stream: `stream_requests` requests of `docs_per_request` documents (chosen per request)
       drawn from a corpus of `corpus_size` with Zipf(`zipf_s`) popularity, in shuffled order;
@@ -174,6 +177,8 @@ def build_workload(
         base += n
         for r, docs in enumerate(orders):
             add(RagRequest("sweep", docs, next(q), "warm" if r else "cold"))
+            if exact_repeats and r:
+                add(RagRequest("repeat", docs, w.requests[-1].question_seed, "warm"))
 
     for i in range(cold_requests):
         add(RagRequest("cold", [COLD_SEEDS + cold_docs * i + j for j in range(cold_docs)], next(q), "cold"))

@@ -78,6 +78,16 @@ class MooncakeProcs:
             **{"master": self.master_address, "metadata_server": self.metadata_server, **overrides}
         )
 
+    def raw_client(self):
+        """A plain Mooncake client of this store (to write, remove or inspect objects directly)."""
+        from mooncake.store import MooncakeDistributedStore
+
+        client = MooncakeDistributedStore()
+        cfg = self.config()
+        if client.setup("127.0.0.1", cfg.metadata_server, 0, 16 << 20, "tcp", "", cfg.master) != 0:
+            raise RuntimeError(f"no Mooncake client for the store at {self.master_address}")
+        return client
+
     def start(self) -> MooncakeProcs:
         """Master, then the store process; returns when the store's memory is registered."""
         self.start_master()

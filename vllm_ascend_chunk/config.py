@@ -16,6 +16,7 @@
 | `VLLM_CHUNK_CACHE_REMOTE_DEVICE`  | empty     | the RDMA device names, for `rdma` |
 | `VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB` | `0`    | a number >= 0: memory this instance lends the store |
 | `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number >= 0.01: longest wait for one read |
+| `VLLM_CHUNK_CACHE_REMOTE_PART_MB` | `16`      | a number in [0.001, 16]: larger objects go in parts |
 | `VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST` | this host's IP | the address the store reaches this instance at |
 
 Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_pool_bytes`): a
@@ -66,6 +67,9 @@ class RemoteConfig:
     segment_gb: float = 0.0
     """Memory this instance lends the store (0: a separate store process holds the objects)."""
     timeout_s: float = 5.0
+    part_mb: float = 16.0
+    """Objects larger than this go in parts (one Mooncake transfer moves at most a quarter of
+    the client's 64 MiB buffer: two reads and a write in flight)."""
     local_host: str = ""
     """The address the store's processes reach this instance at (empty: vLLM's `get_ip()`)."""
 
@@ -99,6 +103,12 @@ class RemoteConfig:
                 get("VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S", 5),
                 lambda v: v >= MIN_TIMEOUT_S,
                 f"a number of seconds >= {MIN_TIMEOUT_S:g} (no read completes sooner)",
+            ),
+            part_mb=_parse_float(
+                "VLLM_CHUNK_CACHE_REMOTE_PART_MB",
+                get("VLLM_CHUNK_CACHE_REMOTE_PART_MB", 16),
+                lambda v: 0.001 <= v <= 16,
+                "a number of MiB in [0.001, 16]",
             ),
             local_host=get("VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST", ""),
         )

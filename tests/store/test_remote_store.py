@@ -51,12 +51,7 @@ def get(store: RemoteStore, name: str, h: KVHeader) -> tuple[torch.Tensor | None
 
 def raw_client(procs: MooncakeProcs):
     """A plain Mooncake client, to write what RemoteStore never would."""
-    from mooncake.store import MooncakeDistributedStore
-
-    client = MooncakeDistributedStore()
-    cfg = procs.config()
-    assert client.setup("127.0.0.1", cfg.metadata_server, 0, 16 << 20, "tcp", "", cfg.master) == 0
-    return client
+    return procs.raw_client()
 
 
 def test_roundtrip_and_second_instance(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:

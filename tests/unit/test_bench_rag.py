@@ -93,3 +93,22 @@ def test_targets_long_concurrency_and_itl():
     assert t["throughput_speedup_64"]["value"] == pytest.approx(6) and t["throughput_speedup_64"]["pass"]
     assert t["throughput_speedup_16"]["value"] == pytest.approx(4) and not t["throughput_speedup_16"]["pass"]
     assert not t["itl_overhead_ordinary"]["pass"] and t["itl_overhead_chunked"]["pass"]
+
+
+def test_floor_repeats_each_warm_sweep_request_as_it_is_and_gives_the_floor_target():
+    w = bench_rag.workload_from_args(args_for("--quick", "--floor"))
+    plain = bench_rag.workload_from_args(args_for("--quick"))
+    repeats = [(i, r) for i, r in enumerate(w.requests) if r.phase == "repeat"]
+    assert len(repeats) == sum(r.phase == "sweep" and r.label == "warm" for r in plain.requests) > 0
+    for i, r in repeats:
+        before = w.requests[i - 1]
+        assert (before.phase, before.label) == ("sweep", "warm")
+        assert (r.doc_ids, r.question_seed) == (before.doc_ids, before.question_seed)
+    assert [asdict(r) for r in w.requests if r.phase != "repeat"] == [asdict(r) for r in plain.requests]
+    results = {
+        "prefix": {"samples": [sample("sweep", "warm", 8, 900), sample("repeat", "warm", 8, 50)]},
+        "chunk": {"samples": [sample("sweep", "warm", 8, 55), sample("repeat", "warm", 8, 40)]},
+    }
+    t = bench_rag.targets(results)
+    assert t["floor_ratio"]["value"] == pytest.approx(1.1) and t["floor_ratio"]["pass"]
+    assert "floor_ratio" not in bench_rag.targets({"chunk": results["chunk"]})

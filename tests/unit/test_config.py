@@ -60,6 +60,7 @@ def test_valid_values_are_parsed():
         ("VLLM_CHUNK_CACHE_REMOTE_METADATA", "not-a-url", "http://host:port/"),
         ("VLLM_CHUNK_CACHE_REMOTE_METADATA", "ftp://10.0.0.1/metadata", "http://host:port/"),
         ("VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB", "-2", ">= 0"),
+        ("VLLM_CHUNK_CACHE_REMOTE_PART_MB", "64", "[0.001, 16]"),
     ],
 )
 def test_invalid_values_name_the_variable_and_accepted_values(name, value, accepted):

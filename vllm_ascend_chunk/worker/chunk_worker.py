@@ -165,6 +165,7 @@ def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
             device_name=remote.device_name,
             segment_bytes=int(remote.segment_gb * 2**30),
             timeout_s=remote.timeout_s,
+            part_bytes=int(remote.part_mb * 2**20),
         ),
         local_hostname=remote.local_host or get_ip(),
     )
