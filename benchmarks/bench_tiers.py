@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 from benchmarks import rag_workload
-from benchmarks.bench_rag import MODELS, machine_info, read_counters, ttft_request
-from benchmarks.serve_util import VllmServer, openai_client, portable
+from benchmarks.machine import machine_info
+from benchmarks.rag_servers import read_counters, ttft_request
+from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
 from tools.mooncake_store import MooncakeProcs
 
 NAME = "tiny-rag"

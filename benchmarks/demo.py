@@ -22,12 +22,16 @@ import time
 from pathlib import Path
 
 from benchmarks import bench_rag, rag_workload
+from benchmarks.rag_phases import run_config
+from benchmarks.rag_plot import plot
+from benchmarks.rag_tables import fmt
+from benchmarks.serve_util import MODELS, REPO
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=bench_rag.MODELS / "bench-llama")
-    ap.add_argument("--out", type=Path, default=bench_rag.REPO / "demo-out")
+    ap.add_argument("--model", type=Path, default=MODELS / "bench-llama")
+    ap.add_argument("--out", type=Path, default=REPO / "demo-out")
     opts = ap.parse_args()
     # The benchmark's server settings (float32, max_model_len 8192, 4 GiB KV of which 1 GiB pool).
     args = bench_rag.build_parser().parse_args(["--model", str(opts.model)])
@@ -63,9 +67,9 @@ def main() -> int:
         )
 
     start = time.perf_counter()
-    result = bench_rag.run_config("chunk", workload, args, opts.out / "vllm-serve.log", row)
+    result = run_config("chunk", workload, args, opts.out / "vllm-serve.log", row)
     plot_path = opts.out / "demo.png"
-    bench_rag.plot({"configs": {"chunk": result}}, plot_path, f"demo: {opts.model.name}, chunk cache on")
+    plot({"configs": {"chunk": result}}, plot_path, f"demo: {opts.model.name}, chunk cache on")
     (opts.out / "demo.json").write_text(json.dumps(result, indent=1) + "\n")
     if not result["summary"]["metrics_available"]["chunk_cache"]:
         print("\n(the server exposes no vllm:chunk_cache_* metrics: hits and misses are unknown)")
@@ -75,7 +79,7 @@ def main() -> int:
     )
     print("TTFT (ms, p50) vs documents, cold then warm (same documents, every one moved):")
     for n, sw in result["summary"]["sweep"].items():
-        print(f"  {n} docs: {bench_rag.fmt(sw['cold_ms'])} -> {bench_rag.fmt(sw['warm_ms'])}")
+        print(f"  {n} docs: {fmt(sw['cold_ms'])} -> {fmt(sw['warm_ms'])}")
     print(
         f"\nplot: {plot_path}\nsamples: {opts.out / 'demo.json'}  "
         f"(server start + {len(workload.requests)} requests in {time.perf_counter() - start:.0f} s)"

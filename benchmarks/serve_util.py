@@ -27,6 +27,8 @@ from pathlib import Path
 _RUNNING: set[VllmServer] = set()
 
 REPO = Path(__file__).resolve().parent.parent
+# The generated models (scripts/setup_env.sh), unless CHUNK_CACHE_MODELS_DIR names another folder.
+MODELS = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
 
 
 def portable(text: str | Path) -> str:

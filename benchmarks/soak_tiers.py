@@ -37,8 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import rag_workload
-from benchmarks.bench_rag import MODELS, machine_info
-from benchmarks.serve_util import VllmServer, openai_client, portable
+from benchmarks.machine import machine_info
+from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
 from tools.mooncake_store import MooncakeProcs
 
 NAME = "tiny-llama"

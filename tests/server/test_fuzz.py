@@ -8,19 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.helpers import server_utils
-from tools import fuzz_server
+from tools.fuzz_cases import FuzzSettings
+from tools.fuzz_report import summary
+from tools.fuzz_run import Target, fuzz, server_factory
 
 # No `seed`: vLLM 0.23's CPU sampler kills the server on a seeded request whose prefill spans
 # steps ("CPU Generator does not use offset") and ignores seeds in batches mixed with unseeded
 # requests, with the chunk cache off too (docs/fuzzing.md); CPU-platform bugs, not ours.
-SETTINGS = fuzz_server.FuzzSettings(
+SETTINGS = FuzzSettings(
     seed=56, requests=60, concurrency=4, timeout=server_utils.TIMEOUT, max_deaths=0, skip=("seed",)
 )
 
 
 def test_fuzz_slice(models_dir: Path, tmp_path: Path):
-    start = fuzz_server.server_factory(models_dir / "tiny-llama", SETTINGS, tmp_path / "vllm-serve.log")
-    with fuzz_server.Target(start=start) as target:
-        report = fuzz_server.fuzz(target, SETTINGS)
-    assert report.counts["requests"] == SETTINGS.requests, fuzz_server.summary(report)
-    assert not report.failing(), fuzz_server.summary(report)
+    start = server_factory(models_dir / "tiny-llama", SETTINGS, tmp_path / "vllm-serve.log")
+    with Target(start=start) as target:
+        report = fuzz(target, SETTINGS)
+    assert report.counts["requests"] == SETTINGS.requests, summary(report)
+    assert not report.failing(), summary(report)

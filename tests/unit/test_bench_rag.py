@@ -1,4 +1,5 @@
-"""benchmarks/bench_rag.py without servers: presets, server settings, concurrency streams, targets."""
+"""The RAG benchmark without servers: presets (`bench_rag`), server settings (`rag_servers`),
+concurrency streams, targets (`rag_summary`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_rag, rag_workload
+from benchmarks import bench_rag, rag_servers, rag_summary, rag_workload
 
 
 def args_for(*argv: str):
@@ -56,16 +57,16 @@ def test_concurrency_streams_are_fresh_and_the_same_for_every_configuration():
 
 def test_every_configuration_gets_the_same_cpu_reservation(tmp_path: Path):
     args = args_for("--model", str(tmp_path))
-    envs = [bench_rag.server_env(c, args) for c in bench_rag.CONFIGS]
+    envs = [rag_servers.server_env(c, args) for c in rag_servers.CONFIGS]
     assert {e["VLLM_CPU_NUM_OF_RESERVED_CPU"] for e in envs} == {"1"}
     assert [e["VLLM_ENABLE_CHUNK_CACHE"] for e in envs] == ["false", "false", "true"]
 
 
 def test_a_longer_context_than_the_model_knows_overrides_its_positions(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 16384}))
-    short = bench_rag.server_args("chunk", args_for("--model", str(tmp_path)))
+    short = rag_servers.server_args("chunk", args_for("--model", str(tmp_path)))
     assert "--hf-overrides" not in short
-    long = bench_rag.server_args("chunk", args_for("--model", str(tmp_path), "--long"))
+    long = rag_servers.server_args("chunk", args_for("--model", str(tmp_path), "--long"))
     assert json.loads(long[long.index("--hf-overrides") + 1]) == {"max_position_embeddings": 40960}
 
 
@@ -86,7 +87,7 @@ def test_targets_long_concurrency_and_itl():
         },
     }
     itl = {"summary": {"ordinary_overhead_paired_median": 0.025, "chunked_overhead_paired_median": -0.1}}
-    t = bench_rag.targets(results, long=True, itl=itl)
+    t = rag_summary.targets(results, long=True, itl=itl)
     assert t["warm_speedup"]["value"] == pytest.approx(120) and t["warm_speedup"]["pass"]
     assert t["cold_overhead"]["value"] == pytest.approx(0.18)
     assert "shuffled_speedup" not in t
@@ -109,6 +110,6 @@ def test_floor_repeats_each_warm_sweep_request_as_it_is_and_gives_the_floor_targ
         "prefix": {"samples": [sample("sweep", "warm", 8, 900), sample("repeat", "warm", 8, 50)]},
         "chunk": {"samples": [sample("sweep", "warm", 8, 55), sample("repeat", "warm", 8, 40)]},
     }
-    t = bench_rag.targets(results)
+    t = rag_summary.targets(results)
     assert t["floor_ratio"]["value"] == pytest.approx(1.1) and t["floor_ratio"]["pass"]
-    assert "floor_ratio" not in bench_rag.targets({"chunk": results["chunk"]})
+    assert "floor_ratio" not in rag_summary.targets({"chunk": results["chunk"]})

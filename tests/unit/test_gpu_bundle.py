@@ -1,5 +1,6 @@
-"""tools/gpu_bundle.py offline: the slimmed wheel's contents and RECORD, and the committed
-dependency list against the CPU pins, the GPU image's packages and the exclusions."""
+"""The offline GPU bundle without a download: the slimmed wheel's contents and RECORD
+(tools/gpu_bundle_build.py), and the committed dependency list against the CPU pins, the GPU
+image's packages and the exclusions (tools/gpu_bundle_deps.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import io
 import zipfile
 from pathlib import Path
 
-from tools import gpu_bundle
+from tools import gpu_bundle_build, gpu_bundle_deps
 
 
 def fake_wheel(path: Path) -> Path:
@@ -19,7 +20,7 @@ def fake_wheel(path: Path) -> Path:
         "vllm/_C.abi3.so": b"kept",
         "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3",
     }
-    for removed in gpu_bundle.REMOVED:
+    for removed in gpu_bundle_build.REMOVED:
         files[removed + "x.py" if removed.endswith("/") else removed] = b"gone"
     with zipfile.ZipFile(path, "w") as z:
         for name, data in files.items():
@@ -33,12 +34,12 @@ def test_slim_wheel_drops_the_removed_files_and_rewrites_record(tmp_path: Path):
     src = fake_wheel(tmp_path / "vllm-0.23.0-2-cp38-abi3-manylinux_2_28_x86_64.whl")
     out = tmp_path / "out"
     out.mkdir()
-    info = gpu_bundle.slim_wheel(src, out)
-    assert len(info["removed"]) == len(gpu_bundle.REMOVED)
+    info = gpu_bundle_build.slim_wheel(src, out)
+    assert len(info["removed"]) == len(gpu_bundle_build.REMOVED)
     with zipfile.ZipFile(out / src.name) as z:
         names = set(z.namelist())
         assert "vllm/_C.abi3.so" in names and "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" in names
-        assert not any(gpu_bundle.removed(n) for n in names)
+        assert not any(gpu_bundle_build.removed(n) for n in names)
         rows = list(csv.reader(io.StringIO(z.read("vllm-0.23.0.dist-info/RECORD").decode())))
         assert {r[0] for r in rows} == names
         for name, digest, size in rows:
@@ -50,15 +51,15 @@ def test_slim_wheel_drops_the_removed_files_and_rewrites_record(tmp_path: Path):
 
 
 def test_dependency_list_matches_the_cpu_pins_and_leaves_out_the_image_and_exclusions():
-    pins = gpu_bundle.cpu_pins()
-    have = gpu_bundle.target_names()
-    excluded = {gpu_bundle.canon(n) for n in gpu_bundle.EXCLUDED}
+    pins = gpu_bundle_deps.cpu_pins()
+    have = gpu_bundle_deps.target_names()
+    excluded = {gpu_bundle_deps.canon(n) for n in gpu_bundle_deps.EXCLUDED}
     listed = {}
-    for line in gpu_bundle.BUNDLE_REQS.read_text().splitlines():
+    for line in gpu_bundle_deps.BUNDLE_REQS.read_text().splitlines():
         spec = line.split("#", 1)[0].strip()
         if spec:
             name, version = spec.split("==")
-            listed[gpu_bundle.canon(name)] = version
+            listed[gpu_bundle_deps.canon(name)] = version
     assert listed, "requirements/gpu-bundle.txt is empty"
     for name, version in listed.items():
         assert name not in have and name not in excluded, name
