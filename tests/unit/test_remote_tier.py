@@ -1,0 +1,200 @@
+"""`RemoteTier` without Mooncake processes (tests/store/ runs the real ones): one worker's side
+(object names per tensor-parallel shard, headers, reads that end with the step) against a
+stand-in `RemoteStore` whose futures the tests settle themselves. `RemoteStore` itself:
+test_remote_store_logic.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+
+import torch
+
+from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.step import RemoteRead, RemoteWrite
+from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader, encode
+from vllm_ascend_chunk.worker.pool import ChunkCachePool
+from vllm_ascend_chunk.worker.remote_store import RemoteStoreConfig, RemoteStoreStats
+from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity, object_name
+
+RETRY_S = 0.1
+CPU = torch.device("cpu")
+GEOMETRY = PoolGeometry(
+    num_layers=2, num_kv_heads=2, head_size=8, dtype=torch.float32, num_pages=4, page_size=4
+)
+IDENTITY = ShardIdentity(model="tiny-llama", layout="overlap", tp_rank=0, tp_size=1)
+
+
+# -- a pool whose rows the tier reads and writes -----------------------------------------------
+
+
+def _not_used(*args):
+    raise AssertionError("the remote tier never loads or saves paged-cache slots")
+
+
+def make_pool() -> ChunkCachePool:
+    layers = GEOMETRY.num_layers
+    return ChunkCachePool(GEOMETRY, [_not_used] * layers, [_not_used] * layers, CPU)
+
+
+def fill(pool: ChunkCachePool, seed: int) -> None:
+    pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(seed)))
+
+
+# -- RemoteTier against a stand-in store -------------------------------------------------------
+
+
+class StandInStore:
+    """What `RemoteTier` uses of a `RemoteStore`; the tests settle the futures of its gets."""
+
+    def __init__(self, timeout_s: float = 0.3) -> None:
+        self.config = RemoteStoreConfig(master="-", metadata_server="-", timeout_s=timeout_s)
+        self.up = True
+        self.counters = RemoteStoreStats()
+        self.gets: list[tuple[str, KVHeader, concurrent.futures.Future]] = []
+        self.puts: list[tuple[str, KVHeader, torch.Tensor]] = []
+        self.closed = False
+
+    def get(self, name: str, header: KVHeader) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.gets.append((name, header, future))
+        return future
+
+    def put(self, name: str, header: KVHeader, kv: torch.Tensor) -> None:
+        self.puts.append((name, header, kv))
+
+    def stats(self) -> RemoteStoreStats:
+        return dataclasses.replace(self.counters)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def stand_in_tier(
+    timeout_s: float = 0.3, identity: ShardIdentity = IDENTITY
+) -> tuple[RemoteTier, StandInStore]:
+    store = StandInStore(timeout_s)
+    tier = RemoteTier(store, GEOMETRY, identity)  # type: ignore[arg-type]
+    tier.finish(make_pool())  # the first report (store up, counters): a fresh tier has nothing new after it
+    return tier, store
+
+
+def kv_of(tier: RemoteTier, key: bytes, num_tokens: int, seed: int) -> torch.Tensor:
+    h = tier.header(key, num_tokens)
+    return torch.randn(h.shape, generator=torch.Generator().manual_seed(seed)).to(h.torch_dtype)
+
+
+def test_each_shard_of_an_entry_has_its_own_object() -> None:
+    key = bytes.fromhex("00ff10")
+    names = {
+        object_name(k, dataclasses.replace(IDENTITY, tp_rank=r, tp_size=s))
+        for k in (key, b"other")
+        for r, s in [(0, 1), (0, 2), (1, 2), (0, 4), (3, 4)]
+    }
+    assert len(names) == 10
+    assert object_name(key, dataclasses.replace(IDENTITY, tp_rank=1, tp_size=2)) == (
+        f"chunk-cache/v{FORMAT_VERSION}/00ff10/tp1of2"
+    )
+
+
+def test_what_else_must_match_is_in_the_header_not_the_name() -> None:
+    """The key already covers model and layout: engines that differ only there would compute
+    different keys. If they ever met under one name, the header makes it a miss."""
+    other = dataclasses.replace(IDENTITY, model="other", layout="sequential")
+    assert object_name(b"k", other) == object_name(b"k", IDENTITY)
+    tier, _ = stand_in_tier()
+    theirs = RemoteTier(StandInStore(), GEOMETRY, other)  # type: ignore[arg-type]
+    assert tier.header(b"k", 5) != theirs.header(b"k", 5)
+    h = tier.header(b"k", 5)
+    assert (h.key, h.num_tokens, h.tp_rank, h.tp_size) == ("6b", 5, 0, 1)
+    assert (h.num_layers, h.num_kv_heads, h.head_size, h.dtype) == (2, 2, 8, "torch.float32")
+
+
+def test_writes_send_a_copy_of_the_entrys_rows_under_its_shard_name() -> None:
+    tier, store = stand_in_tier(identity=dataclasses.replace(IDENTITY, tp_rank=1, tp_size=2))
+    pool = make_pool()
+    fill(pool, seed=1)
+    writes = [RemoteWrite(key=b"a", rows=[4, 5, 6]), RemoteWrite(key=b"b", rows=[15, 0])]
+    tier.write(writes, pool)
+    for write, (name, h, kv) in zip(writes, store.puts, strict=True):
+        assert name == object_name(write.key, tier.identity)
+        assert h == tier.header(write.key, len(write.rows))
+        assert torch.equal(kv, pool.kv[:, :, write.rows])
+        encode(h, kv)  # what the store writes: the rows match their header
+    expected = store.puts[0][2].clone()
+    pool.kv.zero_()  # the rows are reused before the writer thread gets to the object
+    assert torch.equal(store.puts[0][2], expected)
+
+
+def test_reads_that_arrive_are_written_into_their_rows_and_reported() -> None:
+    tier, store = stand_in_tier()
+    pool = make_pool()
+    tier.start_reads(
+        [RemoteRead(read_id=7, key=b"a", rows=[8, 9]), RemoteRead(read_id=8, key=b"b", rows=[1])]
+    )
+    (name_a, header_a, got_a), (name_b, header_b, got_b) = store.gets
+    assert (name_a, header_a) == (object_name(b"a", IDENTITY), tier.header(b"a", 2))
+    assert (name_b, header_b) == (object_name(b"b", IDENTITY), tier.header(b"b", 1))
+    kv = kv_of(tier, b"a", 2, seed=2)
+    got_a.set_result(kv)
+    got_b.set_result(None)  # a miss
+    report = tier.finish(pool)
+    assert report.reads == {7: True, 8: False}
+    assert report.remote_up == {0: True} and report.remote_counters == {0: dataclasses.asdict(store.counters)}
+    assert torch.equal(pool.kv[:, :, [8, 9]], kv)
+    untouched = [r for r in range(GEOMETRY.num_rows) if r not in (8, 9)]
+    assert not pool.kv[:, :, untouched].any()
+    assert tier.finish(pool) is None, "a read was reported twice"
+
+
+def test_reads_not_arrived_by_the_deadline_miss_once_for_the_whole_step() -> None:
+    timeout_s = 0.4
+    tier, store = stand_in_tier(timeout_s)
+    pool = make_pool()
+    reads = [RemoteRead(read_id=i, key=bytes([i]), rows=[i]) for i in range(4)]
+    tier.start_reads(reads)
+    store.gets[1][2].set_running_or_notify_cancel()  # a read under way: it cannot be cancelled
+    late = kv_of(tier, b"\x03", 1, seed=3)
+    store.gets[3][2].set_result(late)  # behind the stuck ones, arrived in time
+    start = time.monotonic()
+    report = tier.finish(pool)
+    took = time.monotonic() - start
+    assert timeout_s - 0.05 < took < 2 * timeout_s, "the step waited more than one timeout"
+    assert report.reads == {0: False, 1: False, 2: False, 3: True}
+    assert store.gets[0][2].cancelled() and store.gets[2][2].cancelled()  # queued: skipped, no transfer
+    # The read under way arrives after the step gave up on it: its rows are not written.
+    store.gets[1][2].set_result(kv_of(tier, b"\x01", 1, seed=4))
+    assert tier.finish(pool) is None
+    assert torch.equal(pool.kv[:, :, [3]], late)
+    assert not pool.kv[:, :, :3].any()
+
+
+def test_the_store_state_is_reported_when_it_changes() -> None:
+    tier, store = stand_in_tier()
+    pool = make_pool()
+    assert tier.finish(pool) is None
+    store.counters.misses += 1
+    report = tier.finish(pool)
+    assert report.reads == {} and report.remote_counters[0]["misses"] == 1 and report.remote_up == {0: True}
+    assert tier.finish(pool) is None
+    store.up = False
+    assert tier.finish(pool).remote_up == {0: False}
+    assert tier.finish(pool) is None
+    store.up = True
+    assert tier.finish(pool).remote_up == {0: True}
+
+
+def test_each_rank_reports_under_its_own_rank() -> None:
+    tier, store = stand_in_tier(identity=dataclasses.replace(IDENTITY, tp_rank=3, tp_size=4))
+    tier.start_reads([RemoteRead(read_id=1, key=b"a", rows=[0])])
+    store.gets[0][2].set_result(None)
+    report = tier.finish(make_pool())
+    assert set(report.remote_up) == set(report.remote_counters) == {3}
+
+
+def test_close_closes_the_store() -> None:
+    tier, store = stand_in_tier()
+    tier.close()
+    assert store.closed
