@@ -29,8 +29,9 @@ def chunk_env(monkeypatch):
 
     def set_env(**values: str | None) -> None:
         for name, value in values.items():
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
+            if value is None:  # set first, so that what the code under test sets is undone too
+                monkeypatch.setenv(name, "")
+                monkeypatch.delenv(name)
             else:
                 monkeypatch.setenv(name, value)
         get_config.cache_clear()

@@ -54,9 +54,9 @@ DENSE_MODULES = [
     "vllm_ascend_chunk.plugin",
     "vllm_ascend_chunk.engine_config",
     "vllm_ascend_chunk.connector",
-    "vllm_ascend_chunk.scheduler.scheduler",
-    "vllm_ascend_chunk.worker.hooks",
-    "vllm_ascend_chunk.ops.kv_write",
+    "vllm_ascend_chunk.vllm_scheduler",
+    "vllm_ascend_chunk.runner_hooks",
+    "vllm_ascend_chunk.ops.dispatch",
     "vllm_ascend_chunk.ops.triton_kv_load",
 ]
 EXTENSIONS_KEPT = [

@@ -33,8 +33,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_ascend_chunk.ops.kv_read import plain_reader
-from vllm_ascend_chunk.ops.kv_write import KVWriter
+from vllm_ascend_chunk.ops.base import KVWriter, plain_reader
 from vllm_ascend_chunk.ops.npu import (
     npu_apply_rotation_,
     npu_kv_writer,
@@ -146,7 +145,7 @@ def op_checks(device: str, seed: int) -> Iterator[Check]:
         def fused(keys, cos, sin, spec):
             return npu_apply_rotation_(keys, cos, sin, spec, rotary_mul=rotary_mul_reference)
     else:
-        from vllm_ascend_chunk.ops.kv_write import make_kv_writer
+        from vllm_ascend_chunk.ops.dispatch import make_kv_writer
 
         def make_writer(pair):  # the dispatch the worker uses, on the real platform
             return make_kv_writer(pair, None, None)

@@ -7,7 +7,7 @@
 | `VLLM_CHUNK_CACHE_LRU_THRESHOLD`  | `0.9`     | a number in (0, 1]            |
 | `VLLM_CHUNK_CACHE_HASH_ALGORITHM` | `sha256`  | `sha256`, `xxhash`            |
 | `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
-| `VLLM_CHUNK_CACHE_LAYOUT`         | `overlap` | `overlap`, `sequential`       |
+| `VLLM_CHUNK_CACHE_LAYOUT`         | `sequential` | `sequential`, `overlap`    |
 | `VLLM_CHUNK_CACHE_RECOVERY`       | `none`    | `none`, `last`, `last:K`      |
 | `VLLM_CHUNK_CACHE_HOST_GB`        | `0` (off) | a number >= 0                 |
 | `VLLM_CHUNK_CACHE_REMOTE_MASTER`  | empty (off) | `host:port` of a `mooncake_master` |
@@ -125,7 +125,10 @@ class ChunkCacheConfig:
     lru_threshold: float = 0.9
     hash_algorithm: str = "sha256"
     delimiter: str = "# #"
-    layout: str = "overlap"
+    layout: str = "sequential"
+    """`sequential` (the default, nearest full attention on every quality set: `docs/quality.md`)
+    or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap`
+    (`engine_config`)."""
     recovery_docs: int = 0
     """Documents at the end of a request computed with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
     host_gb: float = 0.0

@@ -24,16 +24,21 @@ from vllm_ascend_chunk.geometry import (
     configured_pages,
     pool_shape,
 )
+from vllm_ascend_chunk.ops.rotary import LINEAR_ROPE_TYPES
 
 logger = logging.getLogger("vllm.chunk_cache")
+
+LAYOUT_ENV = "VLLM_CHUNK_CACHE_LAYOUT"
 
 CONNECTOR = "ChunkCacheConnector"
 MULTI_CONNECTOR = "ChunkCacheMultiConnector"
 CONNECTOR_MODULE = "vllm_ascend_chunk.connector"
 SCHEDULERS = {
-    False: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheScheduler",
-    True: "vllm_ascend_chunk.scheduler.scheduler.ChunkCacheAsyncScheduler",
+    False: "vllm_ascend_chunk.vllm_scheduler.ChunkCacheScheduler",
+    True: "vllm_ascend_chunk.vllm_scheduler.ChunkCacheAsyncScheduler",
 }
+MODEL_FREE_SPECULATION = ("ngram",)
+"""Speculative methods that propose from the token ids alone (no draft layers, no KV of their own)."""
 _OFF_HINT = "Set VLLM_ENABLE_CHUNK_CACHE=false to run without the chunk cache."
 
 
@@ -49,6 +54,8 @@ def configure(vllm_config) -> None:
         logger.warning("Chunk Cache is off for this engine: %s", reason)
         return
     _refuse_conflicts(vllm_config)
+    _fall_back_to_overlap(model)
+    _decide_hma_for_the_users_connectors(vllm_config)
     vllm_config.kv_transfer_config = _with_chunk_cache(vllm_config.kv_transfer_config)
     sched = vllm_config.scheduler_config
     sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
@@ -56,6 +63,74 @@ def configure(vllm_config) -> None:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         logger.info("Chunk Cache selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
     logger.info("%s", get_config().describe())
+
+
+def _fall_back_to_overlap(model) -> None:
+    """The default layout, `sequential`, needs a RoPE that a rotation moves; for a model without
+    one, an unset `VLLM_CHUNK_CACHE_LAYOUT` becomes `overlap` (which works with any positions)
+    for this process and the engine processes it starts. A layout the user set is kept: the
+    worker refuses `sequential` on such a model with the reason (`ChunkCacheWorker.bind_model`)."""
+    if LAYOUT_ENV in os.environ or (reason := _why_not_sequential(model)) is None:
+        return
+    os.environ[LAYOUT_ENV] = "overlap"
+    get_config.cache_clear()
+    logger.warning(
+        "Chunk Cache uses the overlap layout for this model: %s, so cached keys cannot be moved to "
+        "the sequential layout's positions (the default). Set %s to silence this.",
+        reason,
+        LAYOUT_ENV,
+    )
+
+
+def _why_not_sequential(model) -> str | None:
+    from vllm.transformers_utils.config import is_rope_parameters_nested
+
+    if model.using_transformers_backend():
+        return "vLLM's Transformers backend applies RoPE inside modules the pool does not see"
+    config = model.hf_text_config
+    if getattr(config, "dual_chunk_attention_config", None):
+        return "dual-chunk attention maps positions per chunk"
+    rope = getattr(config, "rope_parameters", None)
+    if not rope:
+        return "it has no RoPE"
+    per_layer_type = rope.values() if is_rope_parameters_nested(rope) else [rope]
+    types = {p.get("rope_type", "default") for p in per_layer_type}
+    if other := sorted(types - LINEAR_ROPE_TYPES):
+        return f"RoPE type {', '.join(other)} is not linear in the position"
+    return None
+
+
+def _decide_hma_for_the_users_connectors(vllm_config) -> None:
+    """What vLLM decides about the hybrid KV cache manager for the user's own KV connectors.
+
+    vLLM's post-init turns the manager off for a connector without HMA support; it runs after
+    `configure` and would judge `ChunkCacheMultiConnector` (a `SupportsHMA` class) instead of the
+    connectors inside it. An explicit `--no-disable-hybrid-kv-cache-manager` is refused: vLLM
+    keeps it for one such connector, but a MultiConnector (which holds the chunk cache and
+    the user's connector) cannot run with it.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    kv = vllm_config.kv_transfer_config
+    if kv is None or kv.kv_connector in (None, CONNECTOR, MULTI_CONNECTOR):
+        return
+    if KVConnectorFactory.supports_hma_config(kv):
+        return
+    sched = vllm_config.scheduler_config
+    if sched.disable_hybrid_kv_cache_manager is False:
+        raise ChunkCacheSetupError(
+            f"The hybrid KV cache manager was explicitly enabled, but the KV connector "
+            f"{kv.kv_connector} does not support it, and the chunk cache runs next to it in a "
+            "MultiConnector, which needs every connector to support it. Omit "
+            f"--no-disable-hybrid-kv-cache-manager to let vLLM decide. {_OFF_HINT}"
+        )
+    if sched.disable_hybrid_kv_cache_manager is None:
+        sched.disable_hybrid_kv_cache_manager = True
+        logger.warning(
+            "Turning off the hybrid KV cache manager: --kv-transfer-config selects a KV connector "
+            "that does not support it (%s), as vLLM does without the chunk cache",
+            kv.kv_connector,
+        )
 
 
 def _with_chunk_cache(kv):
@@ -70,9 +145,9 @@ def _with_chunk_cache(kv):
     if kv.kv_connector in (CONNECTOR, MULTI_CONNECTOR):
         return kv
     children = _user_connectors(kv)
-    extra = (
-        {k: v for k, v in kv.kv_connector_extra_config.items() if k != "connectors"} if _is_multi(kv) else {}
-    )
+    # What vLLM reads from the engine's config (not a child's) stays as the user set it: a
+    # MultiConnector's own settings, or the one wrapped connector's (also in its child).
+    extra = {k: v for k, v in kv.kv_connector_extra_config.items() if k != "connectors"}
     chunk_cache = {
         "kv_connector": CONNECTOR,
         "kv_connector_module_path": CONNECTOR_MODULE,
@@ -156,8 +231,15 @@ def _not_single_kv_group(model) -> str | None:
 
 def _refuse_conflicts(vllm_config) -> None:
     problems = []
-    if vllm_config.speculative_config is not None:
-        problems.append("speculative decoding")
+    spec = vllm_config.speculative_config
+    if spec is not None and spec.method not in MODEL_FREE_SPECULATION:
+        # The pool holds the target model's layers: a draft model's own KV of a loaded document
+        # (EAGLE, MTP, draft model, Medusa...) would be missing.
+        problems.append(
+            f"speculative decoding with {spec.method!r} (served: {', '.join(MODEL_FREE_SPECULATION)}, "
+            "which drafts from the token ids alone; the KV a draft model or head keeps of a loaded "
+            "document is not in the chunk pool)"
+        )
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1:
         problems.append("pipeline parallelism")

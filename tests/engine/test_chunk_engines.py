@@ -17,7 +17,9 @@ from tests.helpers import engine_runner
 from tests.helpers.engine_runner import run_engine
 
 
-def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="overlap", recovery_docs=0):
+def check_round(
+    model, raw_tok, prompts, results, max_tokens, what, layout=cc.DEFAULT_LAYOUT, recovery_docs=0
+):
     for prompt, res in zip(prompts, results, strict=True):
         assert "error" not in res, res
         exp, ref = cc.reference(model, raw_tok, prompt, max_tokens, layout, recovery_docs)
@@ -25,7 +27,8 @@ def check_round(model, raw_tok, prompts, results, max_tokens, what, layout="over
         cc.assert_matches(res["tokens"], res["logprobs"], ref, f"{what}: {prompt[:50]}")
 
 
-def test_qwen2_cold_warm_reordered(models_dir: Path):
+def test_qwen2_cold_warm_reordered_in_the_overlap_layout(models_dir: Path):
+    """The seed's layout: every chunk at the positions right after SYS, the question after the longest."""
     docs = [cc.document(40 + i, 60) for i in range(4)] + [cc.UNICODE_DOC]
     first = [
         cc.chunked(cc.SYS, docs[:3], "What is first?"),
@@ -37,10 +40,10 @@ def test_qwen2_cold_warm_reordered(models_dir: Path):
         cc.chunked(cc.SYS, [docs[4], docs[1], docs[3]], "Mixed?"),
     ]
     rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered}]
-    result = run_engine(models_dir / "tiny-qwen2", rounds)
+    result = run_engine(models_dir / "tiny-qwen2", rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "overlap"})
     model, raw_tok = cc.reference_tools(models_dir, "tiny-qwen2")
     for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
-        check_round(model, raw_tok, rnd["prompts"], res, 8, what)
+        check_round(model, raw_tok, rnd["prompts"], res, 8, what, "overlap")
     cold, warm, reord = result["states"]
     assert (cold["hits"], cold["misses"]) == (0, 6)
     assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
@@ -50,8 +53,9 @@ def test_qwen2_cold_warm_reordered(models_dir: Path):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama3"])
 def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
-    """Chunks at the positions of the plain concatenation: cached keys re-rotated on load
-    (tiny-llama3: Llama3 rope scaling, so the rescaled frequency bands are exercised)."""
+    """Chunks at the positions of the plain concatenation (the default layout, set here by name):
+    cached keys re-rotated on load (tiny-llama3: Llama3 rope scaling, so the rescaled frequency
+    bands are exercised)."""
     docs = [cc.document(140 + i, 80 + 30 * i) for i in range(4)] + [cc.UNICODE_DOC]
     first = [
         cc.chunked(cc.SYS, docs[:3], "What is first?"),
@@ -97,6 +101,27 @@ def test_recovery_last_in_the_sequential_layout(models_dir: Path):
     counts = [(s["hits"], s["misses"]) for s in result["states"]]
     steps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip([(0, 0), *counts], counts, strict=False)]
     assert steps == [(0, 3), (3, 0), (1, 1), (3, 0)]  # the last documents are never looked up
+
+
+def test_ngram_speculation_with_chunked_prompts(models_dir: Path):
+    """n-gram speculative decoding (drafts from the request's own tokens, no draft layers): chunked
+    prompts cold, warm and reordered, answers as the HF reference, with drafts accepted."""
+    docs = [cc.document(500 + i, 70) for i in range(3)]
+    first = [cc.chunked(cc.SYS, docs, "What is first?"), cc.chunked(cc.SYS, docs[1:], "And?")]
+    rounds = [
+        {"prompts": first, "max_tokens": 24},
+        {"prompts": first, "max_tokens": 24},
+        {"prompts": [cc.chunked(cc.SYS, docs[::-1], "Reversed?")], "batch": True, "max_tokens": 64},
+    ]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    engine = {"speculative_config": spec, "disable_log_stats": False}
+    result = run_engine(models_dir / "tiny-llama", rounds, engine)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
+        check_round(model, raw_tok, rnd["prompts"], res, rnd["max_tokens"], f"ngram {what}")
+    cold, warm, reordered = result["states"]
+    assert (warm["hits"] - cold["hits"], reordered["hits"] - warm["hits"]) == (5, 3)
+    assert reordered["accepted_tokens"] > 0, reordered  # drafts were verified and kept
 
 
 # A 32-page (512-token) pool: every request nearly fills it, so chunks are evicted all the time;

@@ -119,7 +119,7 @@ def test_no_cache_salt_reaches_chunk_blocks(tiny_llama_llm, hf_model, raw_tok):
     prompt = cc.chunked(cc.SYS, [DOCS[4], DOCS[6]], "Salted or chunked?")
     exp = cc.expected_structure(raw_tok, prompt)
     generate(tiny_llama_llm, [prompt])
-    salt = f"chunk-cache:overlap:{exp.sys_len}:{','.join(map(str, exp.chunk_lens))}"
+    salt = f"chunk-cache:{cc.DEFAULT_LAYOUT}:{exp.sys_len}:{','.join(map(str, exp.chunk_lens))}"
     out = generate(tiny_llama_llm, [{"prompt_token_ids": exp.token_ids, "cache_salt": salt}])[0]
     assert out.num_cached_tokens == 0
     assert (

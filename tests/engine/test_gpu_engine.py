@@ -154,7 +154,7 @@ def check_against_reference(
     rounds: list[dict],
     engine: dict,
     env: dict,
-    layout: str = "overlap",
+    layout: str = cc.DEFAULT_LAYOUT,
 ) -> dict:
     """Runs `rounds` (the first: ordinary prompts, the engine's noise) and checks every later answer
     against the HF reference within the derived tolerance; records and returns the result."""

@@ -6,6 +6,8 @@
   recompute `SYS + C_i`, whose blocks the store holds, and are never loaded from it); ordinary
   prompts are answered as the HF reference too, and after the reset they are loaded from the
   store (cached tokens with an empty prefix cache).
+- ExampleConnector (vLLM's example, KV to files; no HMA support): the engine starts and answers
+  as the HF reference.
 - OffloadingConnector (CPU offloading) cannot run on this CPU-only build, with or without the
   chunk cache: its worker refuses the CPU platform when it registers the KV caches
   (`vllm/v1/kv_offload/cpu/spec.py`, `CPUOffloadingSpec.get_handlers`: "CPU Offloading is
@@ -117,6 +119,23 @@ def test_chunk_cache_next_to_mooncake_store(models_dir: Path, mooncake_config: P
     assert [r["cached"] for r in result["rounds"][0][2:]] == [0, 0]
     for res in result["rounds"][1][2:]:
         assert res["cached"] == (len(res["prompt_ids"]) - 1) // 128 * 128 > 0
+
+
+def test_chunk_cache_next_to_a_connector_without_hma(models_dir: Path, tmp_path: Path):
+    """vLLM's ExampleConnector does not support the hybrid KV cache manager: vLLM turns the
+    manager off for it, with the chunk cache as without (it used to be left on, and the
+    MultiConnector refused to start)."""
+    example = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    chunked, ordinary = cc.next_to_a_block_store()
+    rounds = [{"prompts": chunked + ordinary}]
+    result = run_engine(models_dir / "tiny-llama", rounds, {"kv_transfer_config": example})
+    assert result["engine"]["scheduler"] == "ChunkCacheScheduler"
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, rounds[0]["prompts"], result["rounds"][0], 8, "next to ExampleConnector")
 
 
 def test_offloading_connector_cannot_run_on_the_cpu_platform(models_dir: Path):

@@ -12,6 +12,8 @@ from tests.helpers import hf_reference
 
 DELIMITER = re.compile(r"\s*# #\s*")
 SYS = "You are a careful assistant. Answer from the documents."
+DEFAULT_LAYOUT = "sequential"
+"""The documented layout of an engine with `VLLM_CHUNK_CACHE_LAYOUT` unset."""
 UNICODE_DOC = "Les cafés naïfs de la Straße: 日本語の文書を検索 😀🚀 λόγος, мир!"
 
 
@@ -37,7 +39,9 @@ def expected_structure(raw_tok, text: str, add_special_tokens: bool = True) -> E
     )
 
 
-def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap", recovery_docs: int = 0):
+def reference(
+    model, raw_tok, text: str, max_tokens: int, layout: str = DEFAULT_LAYOUT, recovery_docs: int = 0
+):
     """The expected structure of `text` and the HF reference answer. `recovery_docs=K`: the last
     K documents are computed with the question, i.e. they belong to the question's segment."""
     exp = expected_structure(raw_tok, text)
@@ -48,10 +52,10 @@ def reference(model, raw_tok, text: str, max_tokens: int, layout: str = "overlap
 
 
 def assert_output_matches(out, model, raw_tok, text: str, what: str, recovery_docs: int = 0) -> None:
-    """An offline greedy `RequestOutput` of `text` (overlap layout, `logprobs=1`): its prompt ids and
+    """An offline greedy `RequestOutput` of `text` (default layout, `logprobs=1`): its prompt ids and
     its answer against the HF reference."""
     gen = out.outputs[0]
-    exp, ref = reference(model, raw_tok, text, len(gen.token_ids), "overlap", recovery_docs)
+    exp, ref = reference(model, raw_tok, text, len(gen.token_ids), DEFAULT_LAYOUT, recovery_docs)
     assert out.prompt_token_ids == exp.token_ids
     assert_matches(
         gen.token_ids, [s[t].logprob for s, t in zip(gen.logprobs, gen.token_ids, strict=True)], ref, what

@@ -109,6 +109,17 @@ def run_staggered(llm, prompts, late, late_after: int, params) -> list[dict]:
     ]
 
 
+def spec_decode_counts(llm) -> dict:
+    """Draft tokens proposed and accepted so far (speculative decoding with stats logging on)."""
+    names = {
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    }
+    if llm.llm_engine.vllm_config.speculative_config is None:
+        return {}
+    return {names[m.name]: m.value for m in llm.get_metrics() if m.name in names}
+
+
 def engine_info(llm) -> dict:
     config = llm.llm_engine.vllm_config
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
@@ -187,7 +198,9 @@ def main() -> None:
             result["rounds"].append(run_batch(llm, rnd["prompts"], params))
         else:
             result["rounds"].append(run_round(llm, rnd["prompts"], params))
-        result["states"].append({**(chunk_state(llm) or {}), "preemptions": len(preemptions)})
+        result["states"].append(
+            {**(chunk_state(llm) or {}), "preemptions": len(preemptions), **spec_decode_counts(llm)}
+        )
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -213,7 +226,7 @@ def run_engine(
         timeout=900,
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
-    return json.loads(run.stdout.split("RESULT ", 1)[1])
+    return json.loads(run.stdout.split("RESULT ", 1)[1].split("\n", 1)[0])  # workers may print after it
 
 
 if __name__ == "__main__":

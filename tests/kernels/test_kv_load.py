@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_ascend_chunk.ops import kv_write
-from vllm_ascend_chunk.ops.kv_read import cpu_reader
-from vllm_ascend_chunk.ops.kv_write import Staging, make_kv_loader
+from vllm_ascend_chunk.ops import base
+from vllm_ascend_chunk.ops.base import Staging
+from vllm_ascend_chunk.ops.cpu import cpu_reader
+from vllm_ascend_chunk.ops.dispatch import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, rerotate_keys
 
 HEADS, HEAD, BLOCK, BLOCKS, POOL_ROWS = 2, 32, 16, 8, 200
@@ -18,7 +19,7 @@ HEADS, HEAD, BLOCK, BLOCKS, POOL_ROWS = 2, 32, 16, 8, 200
 
 @pytest.mark.parametrize("rotate", [False, True], ids=["overlap", "sequential"])
 def test_loads_longer_than_a_staging_piece_land_in_every_layer(monkeypatch, rotate):
-    monkeypatch.setattr(kv_write, "STAGING_ROWS", 8)  # 37 rows: four full pieces and a partial one
+    monkeypatch.setattr(base, "STAGING_ROWS", 8)  # 37 rows: four full pieces and a partial one
     torch.manual_seed(0)
     config = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"))
     caches = [torch.zeros(BLOCKS, HEADS, BLOCK, 2 * HEAD) for _ in range(2)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ascend_chunk.ops.kv_read import cpu_reader, index_reader, plain_reader, probe_layout
-from vllm_ascend_chunk.ops.kv_write import cpu_writer
+from vllm_ascend_chunk.ops.base import plain_reader
+from vllm_ascend_chunk.ops.cpu import cpu_reader, cpu_writer, index_reader, probe_layout
 from vllm_ascend_chunk.ops.npu import reshape_and_cache_reference
 
 

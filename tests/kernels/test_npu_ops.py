@@ -81,7 +81,7 @@ def test_writer_refuses_layouts_other_than_the_nd_pair():
 def test_make_kv_writer_takes_the_npu_branch_on_ascend(monkeypatch):
     import vllm.platforms
 
-    from vllm_ascend_chunk.ops.kv_write import make_kv_writer
+    from vllm_ascend_chunk.ops.dispatch import make_kv_writer
 
     ascend = SimpleNamespace(
         is_cpu=lambda: False, is_cuda_alike=lambda: False, device_type="npu", device_name="npu"

@@ -1,4 +1,4 @@
-"""The `last[:K]` recovery mode through the shared offline engine (overlap layout) and server, asked
+"""The `last[:K]` recovery mode through the shared offline engine (default layout) and server, asked
 for per request: answers against the HF reference in which the last document belongs to the
 question's segment (`chunk_cases.reference(..., recovery_docs=1)`). The mode's choice and span
 rewrite: `tests/unit/test_recovery.py`; the server-wide switch in the sequential layout:
@@ -65,7 +65,7 @@ def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
         extra_body={"ignore_eos": True, "return_token_ids": True, "vllm_xargs": LAST},
     )
     choice = resp.choices[0]
-    exp, ref = cc.reference(tiny_model, raw_tok, PROMPT, 6, "overlap", 1)
+    exp, ref = cc.reference(tiny_model, raw_tok, PROMPT, 6, cc.DEFAULT_LAYOUT, 1)
     assert choice.prompt_token_ids == exp.token_ids
     cc.assert_matches(choice.token_ids, choice.logprobs.token_logprobs, ref, "server, last")
     bad = {

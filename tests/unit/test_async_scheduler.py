@@ -50,7 +50,7 @@ def make_scheduler(config):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from vllm_ascend_chunk.scheduler.scheduler import ChunkCacheAsyncScheduler
+    from vllm_ascend_chunk.vllm_scheduler import ChunkCacheAsyncScheduler
 
     init_none_hash(get_hash_fn_by_name("sha256"))  # what the engine core does at start-up
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32)

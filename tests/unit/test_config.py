@@ -11,7 +11,7 @@ def test_defaults_match_the_design():
         lru_threshold=0.9,
         hash_algorithm="sha256",
         delimiter="# #",
-        layout="overlap",
+        layout="sequential",
         recovery_docs=0,
     )
 
@@ -24,12 +24,12 @@ def test_valid_values_are_parsed():
             "VLLM_CHUNK_CACHE_LRU_THRESHOLD": "1",
             "VLLM_CHUNK_CACHE_HASH_ALGORITHM": "XXHASH",
             "VLLM_CHUNK_DELIMITER": " <doc> ",
-            "VLLM_CHUNK_CACHE_LAYOUT": "sequential",
+            "VLLM_CHUNK_CACHE_LAYOUT": "Overlap",
             "VLLM_CHUNK_CACHE_RECOVERY": " Last",
         }
     )
     assert (cfg.enabled, cfg.size_gb, cfg.lru_threshold) == (False, 0.5, 1.0)
-    assert (cfg.hash_algorithm, cfg.delimiter, cfg.layout) == ("xxhash", "<doc>", "sequential")
+    assert (cfg.hash_algorithm, cfg.delimiter, cfg.layout) == ("xxhash", "<doc>", "overlap")
     assert cfg.recovery_docs == 1
     assert "disabled" in cfg.describe()
     on = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "LAST:3"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_ascend_chunk import engine_config
+from vllm_ascend_chunk.config import get_config
 
 COMMON = {
     "vocab_size": 2048,
@@ -31,6 +33,7 @@ COMMON = {
     "pad_token_id": 2,
     "torch_dtype": "float32",
 }
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
 MAMBA_STATE = {"mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2}
 NOT_APPLICABLE = {
     "mamba": (
@@ -255,6 +258,49 @@ def test_a_single_connector_is_wrapped_with_all_its_settings(models_dir):
     assert "engine_id" not in offloading  # MultiConnector gives every child the engine's
 
 
+EXAMPLE = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
+
+
+@pytest.mark.parametrize("kv", [EXAMPLE, multi(MOONCAKE, EXAMPLE)], ids=["alone", "in a MultiConnector"])
+@pytest.mark.parametrize("preference", [None, True])
+def test_the_hma_decision_is_vllms_for_the_users_connectors(models_dir, chunk_env, kv, preference):
+    """A connector without HMA support turns the hybrid KV cache manager off, as without us."""
+    decided = {}
+    for enabled in ("false", "true"):
+        chunk_env(VLLM_ENABLE_CHUNK_CACHE=enabled)
+        vllm_config = engine_config_of(
+            models_dir / "tiny-llama", kv_transfer_config=kv, disable_hybrid_kv_cache_manager=preference
+        )
+        assert engine_config.is_active(vllm_config) == (enabled == "true")
+        decided[enabled] = vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+    assert decided == {"false": True, "true": True}
+
+
+def test_an_explicit_hma_next_to_a_connector_without_it_is_refused(models_dir, chunk_env):
+    """vLLM keeps it for one such connector; the MultiConnector the chunk cache needs cannot run
+    with it (vLLM asserts at start-up): refused with the way out."""
+    explicit = {"kv_transfer_config": EXAMPLE, "disable_hybrid_kv_cache_manager": False}
+    chunk_env(VLLM_ENABLE_CHUNK_CACHE="false")
+    assert (
+        engine_config_of(models_dir / "tiny-llama", **explicit).kv_transfer_config.kv_connector
+        == "ExampleConnector"
+    )
+    chunk_env(VLLM_ENABLE_CHUNK_CACHE="true")
+    with pytest.raises(ValueError, match="connector ExampleConnector does not support it.*Omit --no-disable"):
+        engine_config_of(models_dir / "tiny-llama", **explicit)
+
+
+def test_a_wrapped_connector_keeps_its_settings_in_the_engine_config(models_dir):
+    """vLLM and connectors read some settings from the engine's own KV transfer config (e.g.
+    MooncakeStoreConnector's `enable_cross_layers_blocks`): they stay there once wrapped."""
+    settings = {"enable_cross_layers_blocks": "True", "load_async": True}
+    store = {**MOONCAKE, "kv_connector_extra_config": settings}
+    kv = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=store).kv_transfer_config
+    assert kv.kv_connector == "ChunkCacheMultiConnector"
+    assert {k: kv.kv_connector_extra_config[k] for k in settings} == settings
+    assert kv.kv_connector_extra_config["connectors"][1]["kv_connector_extra_config"] == settings
+
+
 def test_the_chunk_cache_listed_by_the_user_moves_first(models_dir):
     vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=multi(MOONCAKE, CHUNK_CHILD))
     assert vllm_config.kv_transfer_config.kv_connector_extra_config["connectors"] == [CHUNK_CHILD, MOONCAKE]
@@ -270,3 +316,76 @@ def test_the_chunk_cache_listed_by_the_user_moves_first(models_dir):
 def test_disaggregated_prefill_is_refused(models_dir, kv):
     with pytest.raises(ValueError, match="disaggregated prefill \\(NixlConnector as kv_"):
         engine_config_of(models_dir / "tiny-llama", kv_transfer_config=kv)
+
+
+def test_the_default_layout_is_sequential(models_dir, chunk_env, chunk_warnings):
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
+    engine_config_of(models_dir / "tiny-llama3")  # Llama3 rope scaling: a rotation moves it
+    assert get_config().layout == "sequential" and "VLLM_CHUNK_CACHE_LAYOUT" not in os.environ
+    assert not [m for m in chunk_warnings if "layout" in m]
+
+
+LONGROPE = {
+    "rope_scaling": {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 512,
+    },
+    "original_max_position_embeddings": 512,
+}
+
+
+def test_an_unset_layout_is_overlap_for_a_rope_a_rotation_cannot_move(
+    tmp_path, models_dir, chunk_env, chunk_warnings
+):
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
+    model = write_model(tmp_path / "longrope", models_dir / "tiny-llama", {**LLAMA, **LONGROPE})
+    engine_config_of(model)
+    assert os.environ["VLLM_CHUNK_CACHE_LAYOUT"] == "overlap"  # for the engine processes it starts
+    assert get_config().layout == "overlap"
+    assert [m for m in chunk_warnings if "overlap layout" in m] == [
+        "Chunk Cache uses the overlap layout for this model: RoPE type longrope is not linear in "
+        "the position, so cached keys cannot be moved to the sequential layout's positions (the "
+        "default). Set VLLM_CHUNK_CACHE_LAYOUT to silence this."
+    ]
+
+
+def test_a_layout_the_user_set_is_kept(tmp_path, models_dir, chunk_env, chunk_warnings):
+    """The worker refuses `sequential` on such a model at start-up, with the reason (test_rotary)."""
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
+    engine_config_of(write_model(tmp_path / "longrope", models_dir / "tiny-llama", {**LLAMA, **LONGROPE}))
+    assert get_config().layout == "sequential" and not chunk_warnings
+
+
+def test_why_not_sequential_names_each_kind_of_model():
+    def model(rope, backend=False, **config):
+        return SimpleNamespace(
+            using_transformers_backend=lambda: backend,
+            hf_text_config=SimpleNamespace(rope_parameters=rope, **config),
+        )
+
+    default = {"rope_type": "default", "rope_theta": 1e4}
+    assert engine_config._why_not_sequential(model(default)) is None
+    assert engine_config._why_not_sequential(model({"full_attention": default})) is None
+    assert "no RoPE" in engine_config._why_not_sequential(model(None))
+    assert "Transformers backend" in engine_config._why_not_sequential(model(default, backend=True))
+    dual = model(default, dual_chunk_attention_config={"chunk_size": 8})
+    assert "dual-chunk" in engine_config._why_not_sequential(dual)
+    nested = {"full_attention": default, "sliding_attention": {"rope_type": "mllama4"}}
+    assert "mllama4" in engine_config._why_not_sequential(model(nested))
+
+
+def test_ngram_speculation_is_served(models_dir):
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    assert engine_config.is_active(engine_config_of(models_dir / "tiny-llama", speculative_config=ngram))
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp", "draft_model", "medusa", "suffix"])
+def test_speculation_with_draft_layers_is_refused(models_dir, method):
+    vllm_config = engine_config_of(models_dir / "tiny-llama")
+    vllm_config.speculative_config = SimpleNamespace(method=method)  # their drafts need weights
+    with pytest.raises(engine_config.ChunkCacheSetupError) as refused:
+        engine_config._refuse_conflicts(vllm_config)
+    assert f"speculative decoding with '{method}'" in str(refused.value)
+    assert "(served: ngram, which drafts from the token ids alone" in str(refused.value)

@@ -83,6 +83,7 @@ def test_each_engine_setting_changes_the_keys(base, what):
 
 
 def test_lora_salt_and_layout_change_the_keys(base, chunk_env):
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
     plain = keys(base)
     variants = [
         keys(base, LORA),
@@ -90,6 +91,6 @@ def test_lora_salt_and_layout_change_the_keys(base, chunk_env):
         keys(base, SimpleNamespace(**{**vars(LORA), "lora_int_id": 2})),
         keys(base, salt="tenant-a"),
     ]
-    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")  # not the default
     variants.append(keys(base))
     assert len({plain, *variants}) == 1 + len(variants)

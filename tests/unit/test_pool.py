@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.ops.kv_read import KVReader, cpu_reader
-from vllm_ascend_chunk.ops.kv_write import KVLoader, Staging, cpu_writer, make_kv_loader
+from vllm_ascend_chunk.ops.base import KVLoader, KVReader, Staging
+from vllm_ascend_chunk.ops.cpu import cpu_reader, cpu_writer
+from vllm_ascend_chunk.ops.dispatch import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, rerotate_keys
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm_ascend_chunk.ops.kv_write import KVWriter
+from vllm_ascend_chunk.ops.base import KVWriter
 from vllm_ascend_chunk.ops.rotary import RotarySpec
 
 ReshapeAndCache = Callable[..., None]

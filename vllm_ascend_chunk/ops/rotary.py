@@ -171,6 +171,23 @@ _SUPPORTED: dict[str, Callable[[object], _InvFreq]] = {
     "DynamicNTKAlphaRotaryEmbedding": _dynamic_ntk_alpha,
 }
 
+LINEAR_ROPE_TYPES = frozenset(
+    {
+        "default",
+        "llama3",
+        "linear",
+        "ntk",
+        "dynamic",
+        "yarn",
+        "deepseek_yarn",
+        "deepseek_llama_scaling",
+        "proportional",
+        "telechat3-yarn",
+    }
+)
+"""`rope_type` values of a model's config for which vLLM's `get_rope` builds a class of `_SUPPORTED`
+(the engine's start-up check of the default layout; the worker checks the module itself)."""
+
 _WHY_NOT: dict[str, str] = {
     "MRotaryEmbedding": "M-RoPE rotates sections of each head by different position components",
     "MRotaryEmbeddingInterleaved": "M-RoPE rotates sections of each head by different position components",

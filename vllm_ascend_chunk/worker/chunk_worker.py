@@ -21,8 +21,8 @@ import torch
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.layouts import LAYOUTS
-from vllm_ascend_chunk.ops.kv_read import make_kv_reader
-from vllm_ascend_chunk.ops.kv_write import Staging, make_kv_loader
+from vllm_ascend_chunk.ops.base import Staging
+from vllm_ascend_chunk.ops.dispatch import make_kv_loader, make_kv_reader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.pool import ChunkCachePool

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.ops.kv_read import KVReader
-from vllm_ascend_chunk.ops.kv_write import KVLoader
+from vllm_ascend_chunk.ops.base import KVLoader, KVReader
 from vllm_ascend_chunk.ops.rotary import Rotation
 
 

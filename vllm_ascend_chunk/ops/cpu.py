@@ -1,28 +1,20 @@
-"""Reading K/V rows back out of a layer's paged KV cache: how chunk prefills fill the pool.
+"""The CPU backend: vLLM's CPU_ATTN paged cache, written with its own op and read back.
 
-A chunk prefill's tokens are copied from the slots its forward wrote into the pool after the
-forward (the connector's `wait_for_save`), never inside the attention op: a step replayed from
-a CUDA or ACL graph runs no Python code in the op, but its cache writes happen all the same, so
-what the pool gets does not depend on how the step was executed.
-
-Plain layouts (CUDA's flash layout, vllm-ascend's ND pair) are indexed by block and offset. The
-CPU backend packs keys per ISA; its layout is learned once from the backend's own cache-write
-op: a probe writes each element's index (in base-256 digits, exact in every float dtype) into a
-scratch cache and reads where it landed, then a round trip checks the result.
+CPU_ATTN keeps each layer's cache as `[blocks, heads, block_size, 2 * head_size]`, K and V
+packed per ISA. Rows are written with the backend's own cache-write op; its layout is learned
+once from that op to read slots back: a probe writes each element's index (in base-256 digits,
+exact in every float dtype) into a scratch cache and reads where it landed, then a round trip
+checks the result.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 
-from vllm_ascend_chunk.ops.kv_write import KVWriter, cpu_cache_views, cpu_writer
-
-KVReader = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""`read(slots [T] int64) -> (key [T, H, D], value [T, H, D])`."""
+from vllm_ascend_chunk.ops.base import KVReader, KVWriter
 
 BlockIndex = tuple[torch.Tensor, ...]
 """Per dimension of a cache view's block (`view[b]`), the index of each [token, head, dim]."""
@@ -31,31 +23,26 @@ _DIGIT = 256
 """Every float dtype a KV cache has (fp32, fp16, bf16) holds the integers 0..256 exactly."""
 
 
-def make_kv_reader(kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], vllm_config) -> KVReader:
-    """The paged-cache → K/V reader for one layer on the current platform."""
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cuda_alike():
-        return plain_reader(*kv_cache.unbind(1))  # [blocks, 2, block, heads, head] (flash layout)
-    if current_platform.device_type == "npu":  # (k_cache, v_cache), checked by `npu_kv_writer`
-        return plain_reader(*kv_cache)
-    if current_platform.is_cpu():
-        return cpu_reader(kv_cache, vllm_config.cache_config.cache_dtype)
-    raise NotImplementedError(
-        f"Chunk Cache has no KV reader for platform {current_platform.device_name!r}; "
-        "set VLLM_ENABLE_CHUNK_CACHE=false"
-    )
+def cpu_cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V views CPU_ATTN's forward uses: [blocks, heads, 2 * block, head] split in K | V."""
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    return kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
 
 
-def plain_reader(key_cache: torch.Tensor, value_cache: torch.Tensor) -> KVReader:
-    """Reader of `[blocks, block_size, heads, head_size]` K and V caches (any strides)."""
-    block_size = key_cache.shape[1]
+def cpu_writer(kv_cache: torch.Tensor, cache_dtype: str) -> KVWriter:
+    """The writer of a CPU_ATTN cache `[blocks, heads, block_size, 2 * head_size]`."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    def read(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks, offsets = slots // block_size, slots % block_size
-        return key_cache[blocks, offsets], value_cache[blocks, offsets]
+    key_cache, value_cache = cpu_cache_views(kv_cache)
+    isa = _get_attn_isa(kv_cache.dtype, kv_cache.shape[2], key_cache.shape[-1], cache_dtype)
 
-    return read
+    def write(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
+        ops.cpu_attn_reshape_and_cache(
+            key, value, key_cache, value_cache, slots, isa, kv_cache_dtype=cache_dtype
+        )
+
+    return write
 
 
 def cpu_reader(kv_cache: torch.Tensor, cache_dtype: str) -> KVReader:

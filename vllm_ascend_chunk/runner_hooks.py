@@ -1,10 +1,11 @@
 """Entry points for the vLLM patches on the worker side (model runner).
 
-The hooks find this worker's chunk cache the way vLLM's runner finds its KV connector (the KV
-transfer group, in which `connector.chunk_cache_of` finds it), and hand it what it needs as
-explicit values. `prepare_step` reads the step
-metadata from the scheduler output: positions are prepared before vLLM binds the metadata to
-the connector (around the forward), where `start_load_kv` and `wait_for_save` read it.
+The worker side's vLLM adapter, beside the connector (the logic is in `worker/`). The hooks find
+this worker's chunk cache the way vLLM's runner finds its KV connector (the KV transfer group, in
+which `connector.chunk_cache_of` finds it), and hand it what it needs as explicit values.
+`prepare_step` reads the step metadata from the scheduler output: positions are prepared before
+vLLM binds the metadata to the connector (around the forward), where `start_load_kv` and
+`wait_for_save` read it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """vLLM schedulers with the chunk cache: chunk prefills in, their outputs hidden.
 
+The scheduler side's vLLM adapter, beside the connector (the logic is in `scheduler/`).
 Selected automatically (`engine_config.configure`) as `ChunkCacheScheduler` or, with async
 scheduling, `ChunkCacheAsyncScheduler`. Everything else is vLLM's own scheduling. They reach the
 chunk cache only through vLLM's KV connector: `ChunkCacheConnector` (its scheduler role), itself
