@@ -50,5 +50,9 @@ def test_tp2_cold_warm_reordered_and_joins(models_dir: Path, layout: str):
     check_round(model, raw_tok, late, result["rounds"][3][1:], 12, f"TP=2 {layout} joins", layout)
     counts = [(s["hits"], s["misses"]) for s in result["states"]]
     steps = [(b[0] - a[0], b[1] - a[1]) for a, b in zip([(0, 0), *counts], counts, strict=False)]
-    assert steps == [(1, 5), (6, 0), (7, 0), (2, 1)]  # docs[0] planned by the first request
+    # Round 1: docs[0] is resident when the second prompt comes. Round 4: the late prompts join
+    # together, the second one joins the first one's docs[4] prefill in flight (a miss, a join).
+    assert steps == [(1, 5), (6, 0), (7, 0), (1, 2)]
+    joins = [s["inflight_joins"] for s in result["states"]]
+    assert joins[3] - joins[2] == 1, joins
     assert result["states"][-1]["pinned_entries"] == 0
