@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vllm_ascend_chunk.worker.remote_store import RemoteStoreConfig
+from vllm_ascend_chunk.config import RemoteConfig
 
 STORE_BYTES = 256 << 20
 """Memory the store process contributes (by default)."""
@@ -72,9 +72,9 @@ class MooncakeProcs:
     def metadata_server(self) -> str:
         return f"http://127.0.0.1:{self.metadata_port}/metadata"
 
-    def config(self, **overrides) -> RemoteStoreConfig:
+    def config(self, **overrides) -> RemoteConfig:
         """A client config for this store (standalone-store: the client contributes no memory)."""
-        return RemoteStoreConfig(
+        return RemoteConfig(
             **{"master": self.master_address, "metadata_server": self.metadata_server, **overrides}
         )
 

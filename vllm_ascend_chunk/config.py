@@ -1,23 +1,8 @@
 """Configuration from the environment, validated once at start-up.
 
-| variable                          | default   | accepted                      |
-|-----------------------------------|-----------|-------------------------------|
-| `VLLM_ENABLE_CHUNK_CACHE`         | `true`    | true/false, 1/0, yes/no, on/off |
-| `VLLM_CHUNK_CACHE_SIZE_GB`        | unset: auto | a number > 0 (GiB of pool per worker) |
-| `VLLM_CHUNK_CACHE_LRU_THRESHOLD`  | `0.9`     | a number in (0, 1]            |
-| `VLLM_CHUNK_CACHE_HASH_ALGORITHM` | `sha256`  | `sha256`, `xxhash`            |
-| `VLLM_CHUNK_DELIMITER`            | `# #`     | any non-blank text            |
-| `VLLM_CHUNK_CACHE_LAYOUT`         | `sequential` | `sequential`, `overlap`    |
-| `VLLM_CHUNK_CACHE_RECOVERY`       | `none`    | `none`, `last`, `last:K`      |
-| `VLLM_CHUNK_CACHE_HOST_GB`        | `0` (off) | a number >= 0                 |
-| `VLLM_CHUNK_CACHE_REMOTE_MASTER`  | empty (off) | `host:port` of a `mooncake_master` |
-| `VLLM_CHUNK_CACHE_REMOTE_METADATA` | `http://<master host>:8080/metadata` | Mooncake metadata server URL |
-| `VLLM_CHUNK_CACHE_REMOTE_PROTOCOL` | `tcp`    | `tcp` or `rdma` (the Mooncake transport) |
-| `VLLM_CHUNK_CACHE_REMOTE_DEVICE`  | empty     | the RDMA device names, for `rdma` |
-| `VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB` | `0`    | a number >= 0: memory this instance lends the store |
-| `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` | `5`     | a number >= 0.01: longest wait for one read |
-| `VLLM_CHUNK_CACHE_REMOTE_PART_MB` | `16`      | a number in [0.001, 16]: larger objects go in parts |
-| `VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST` | this host's IP | the address the store reaches this instance at |
+Every variable is a row of one table, `VARIABLES` (name, kind, default, doc): how its text is
+parsed, the error for a value it does not accept, the defaults of the config classes and the
+table of README.md (Configuration, rendered by `docs_table`) all come from that row.
 
 Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_pool_bytes`): a
 quarter of it, at least 256 MiB and at most 8 GiB, never more than half of it.
@@ -32,7 +17,9 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
 
 from vllm_ascend_chunk import layouts
 
@@ -49,137 +36,345 @@ PROTOCOLS = ("tcp", "rdma")
 """Mooncake transports the remote tier is built for."""
 METADATA_SCHEMES = ("http", "https", "etcd", "redis")
 MIN_TIMEOUT_S = 0.01
+_MIB = 1 << 20
+_GIB = 1 << 30
 
 
 class ChunkCacheConfigError(ValueError):
     """An environment variable holds a value the chunk cache does not accept."""
 
 
+def bool_word(value: str) -> bool | None:
+    """True or False for a switch word of `TRUE_WORDS` / `FALSE_WORDS` (any case), else None."""
+    word = value.strip().lower()
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
+
+
+def recovery_documents(value: str) -> int | None:
+    """Documents a recovery mode computes with the question (`none` 0, `last` 1, `last:K` K), or
+    None if `value` names no mode."""
+    word = value.strip().lower()
+    if word in ("none", "last"):
+        return int(word == "last")
+    head, _, k = word.partition(":")
+    return int(k) if head == "last" and k.isdecimal() and int(k) >= 1 else None
+
+
+def recovery_name(docs: int) -> str:
+    """The recovery mode that computes `docs` documents with the question."""
+    return "none" if docs == 0 else "last" if docs == 1 else f"last:{docs}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a variable accepts: `parse` turns its text into the value and raises `ValueError` for
+    text outside `accepted`."""
+
+    parse: Callable[[str], Any]
+    accepted: str = ""
+    """The accepted values, in the words of the error and of the docs table (empty: any text)."""
+    strip: bool = True
+    """Whether the text is stripped before `parse` (an error then quotes it stripped)."""
+
+
+def _named(value: Any) -> Any:
+    """`value`, or `ValueError` when it is None: the text names nothing accepted."""
+    if value is None:
+        raise ValueError("not an accepted value")
+    return value
+
+
+def _number(ok: Callable[[float], bool], accepted: str, unit: int = 0) -> Kind:
+    """A finite number that `ok` accepts; with `unit`, a count of units turned into bytes."""
+
+    def parse(text: str) -> float | int:
+        value = float(text)
+        if not math.isfinite(value) or not ok(value):
+            raise ValueError(text)
+        return int(value * unit) if unit else value
+
+    return Kind(parse, accepted)
+
+
+def _choice(choices: tuple[str, ...]) -> Kind:
+    """One of `choices`, in any case."""
+    return Kind(lambda text: _named(text.lower() if text.lower() in choices else None), ", ".join(choices))
+
+
+def _unless_blank(kind: Kind) -> Kind:
+    """`kind`, or None for blank text (the variable unset)."""
+    return Kind(lambda text: kind.parse(text) if text else None, kind.accepted)
+
+
+def _non_blank(text: str) -> str:
+    """Text that is not blank, stripped."""
+    return _named(text.strip() or None)
+
+
+def _master_address(text: str) -> str:
+    """`host:port`, the port in 1-65535."""
+    host, _, port = text.rpartition(":")
+    return _named(text if host and port.isdecimal() and 0 < int(port) < 65536 else None)
+
+
+def _metadata_url(text: str) -> str:
+    """A URL of a `METADATA_SCHEMES` scheme, with a host."""
+    url = urlsplit(text)
+    return _named(text if url.scheme in METADATA_SCHEMES and url.hostname else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One environment variable: a row of the configuration table."""
+
+    name: str
+    field: str
+    """The field of `ChunkCacheConfig` (of `RemoteConfig`, for `REMOTE_SETTINGS`) it sets."""
+    kind: Kind
+    default: str
+    """The text an unset variable reads as (`{host}`: the host of the remote master)."""
+    doc: str
+    """What it sets, after its accepted values in the docs table."""
+    shown_default: str = ""
+    """The docs table's default, where `default` in backquotes (empty: "empty") does not say it."""
+
+    def read(self, env: Mapping[str, str], host: str = "") -> Any:
+        """Its value in `env`; `ChunkCacheConfigError` if `env` holds text it does not accept."""
+        text = env.get(self.name, self.default.format(host=host))
+        text = text.strip() if self.kind.strip else text
+        try:
+            return self.kind.parse(text)
+        except ValueError:
+            raise ChunkCacheConfigError(
+                f"{self.name}={text!r} is invalid; accepted values: {self.kind.accepted}"
+            ) from None
+
+    def docs_row(self) -> str:
+        """Its row of the docs table."""
+        default = self.default.format(host="<master host>")
+        shown = self.shown_default or (f"`{default}`" if default else "empty")
+        accepted = ": ".join(part for part in (self.kind.accepted, self.doc) if part)
+        return f"| `{self.name}` | {shown} | {accepted} |"
+
+
+SETTINGS = (
+    Variable(
+        "VLLM_ENABLE_CHUNK_CACHE",
+        "enabled",
+        Kind(lambda text: _named(bool_word(text)), "/".join(TRUE_WORDS) + " or " + "/".join(FALSE_WORDS)),
+        "true",
+        "master switch; `false` = exactly unpatched behaviour",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_SIZE_GB",
+        "size_gb",
+        _unless_blank(_number(lambda v: v > 0, "a number greater than 0")),
+        "",
+        "device pool size (GiB per worker), taken out of the KV memory",
+        shown_default="unset: 1/4 of the KV cache memory, at least 256 MiB, at most 8 GiB "
+        "(logged at start-up)",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
+        "lru_threshold",
+        _number(lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        "0.9",
+        "pool usage at which unpinned LRU entries are evicted",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_HASH_ALGORITHM",
+        "hash_algorithm",
+        _choice(tuple(HASH_ALGORITHMS)),
+        "sha256",
+        "the hash of the cache keys, vLLM's `sha256_cbor` or `xxhash_cbor`",
+    ),
+    Variable(
+        "VLLM_CHUNK_DELIMITER",
+        "delimiter",
+        Kind(_non_blank, "any text that is not blank", strip=False),
+        "# #",
+        "the delimiter",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_LAYOUT",
+        "layout",
+        _choice(LAYOUTS),
+        "sequential",
+        "the positions of the documents ([how it works](docs/how-it-works.md)); unset, a model "
+        "whose RoPE a rotation cannot move gets `overlap`",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_RECOVERY",
+        "recovery_docs",
+        Kind(lambda text: _named(recovery_documents(text)), RECOVERY_ACCEPTED),
+        "none",
+        "the last (K) documents are computed with the question; per request: "
+        "`chunk_cache_recovery` ([prompts](docs/prompts.md))",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_HOST_GB",
+        "host_gb",
+        _number(lambda v: v >= 0, "a number >= 0"),
+        "0",
+        "host memory for entries evicted from the device pool, read back instead of recomputed",
+        shown_default="`0` (off)",
+    ),
+)
+"""The variables of `ChunkCacheConfig`, in the order they are read."""
+REMOTE_SETTINGS = (
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_MASTER",
+        "master",
+        _unless_blank(Kind(_master_address, "host:port of a mooncake_master (port 1-65535)")),
+        "",
+        "documents are shared through its Mooncake Store ([tiers](docs/tiers.md))",
+        shown_default="empty (off)",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_METADATA",
+        "metadata_server",
+        Kind(
+            _metadata_url,
+            "a Mooncake metadata server URL: " + ", ".join(f"{s}://host:port/..." for s in METADATA_SCHEMES),
+        ),
+        "http://{host}:8080/metadata",
+        "",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_PROTOCOL",
+        "protocol",
+        _choice(PROTOCOLS),
+        "tcp",
+        "the Mooncake transport",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_DEVICE",
+        "device_name",
+        Kind(str),
+        "",
+        "the RDMA device names, for `rdma`",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB",
+        "segment_bytes",
+        _number(lambda v: v >= 0, "a number >= 0", unit=_GIB),
+        "0",
+        "memory this instance lends the store (0: a store process holds the objects)",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S",
+        "timeout_s",
+        _number(
+            lambda v: v >= MIN_TIMEOUT_S,
+            f"a number of seconds >= {MIN_TIMEOUT_S:g} (no read completes sooner)",
+        ),
+        "5",
+        "longest wait for one remote read (then the document is computed)",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_PART_MB",
+        "part_bytes",
+        _number(lambda v: 0.001 <= v <= 16, "a number of MiB in [0.001, 16]", unit=_MIB),
+        "16",
+        "remote objects larger than this are stored in parts",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST",
+        "local_host",
+        Kind(str),
+        "",
+        "the address the store's processes reach this instance at",
+        shown_default="this host's IP (vLLM's `get_ip()`)",
+    ),
+)
+"""The variables of `RemoteConfig`, read only when the first, the master, is set."""
+VARIABLES = (*SETTINGS, *REMOTE_SETTINGS)
+"""The configuration table."""
+
+
+def _default(field: str) -> Any:
+    """The value of `field` when the variable that sets it is unset."""
+    (variable,) = (v for v in VARIABLES if v.field == field)
+    return variable.read({})
+
+
+def docs_table() -> str:
+    """The configuration table as README.md shows it (`tests/unit/test_config.py` checks it)."""
+    return "\n".join(
+        ["| variable | default | accepted: meaning |", "|---|---|---|", *(v.docs_row() for v in VARIABLES)]
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteConfig:
-    """Where the shared tier's Mooncake Store is and how this instance talks to it."""
+    """Where the shared tier's Mooncake Store is and how this instance's client uses it: the
+    `REMOTE_SETTINGS`, then the client's bounds, which no variable sets."""
 
     master: str
-    """`host:port` of the `mooncake_master`."""
+    """The master's RPC address, `host:port`."""
     metadata_server: str
-    protocol: str = "tcp"
-    device_name: str = ""
-    segment_gb: float = 0.0
-    """Memory this instance lends the store (0: a separate store process holds the objects)."""
-    timeout_s: float = 5.0
-    part_mb: float = 16.0
-    """Objects larger than this go in parts (one Mooncake transfer moves at most a quarter of
-    the client's 64 MiB buffer: two reads and a write in flight)."""
-    local_host: str = ""
+    """E.g. "http://127.0.0.1:8080/metadata" (the master's embedded HTTP metadata server)."""
+    protocol: str = _default("protocol")
+    device_name: str = _default("device_name")
+    segment_bytes: int = _default("segment_bytes")
+    """Memory this client contributes to the store; 0: a separate store process holds the data
+    (Mooncake's "standalone-store" mode)."""
+    timeout_s: float = _default("timeout_s")
+    """Bound on one get."""
+    part_bytes: int = _default("part_bytes")
+    """Objects larger than this are stored in parts of this size (a buffer holds one part of
+    each concurrent transfer: two reads and a write)."""
+    local_host: str = _default("local_host")
     """The address the store's processes reach this instance at (empty: vLLM's `get_ip()`)."""
+    buffer_bytes: int = 64 * _MIB
+    """The client's local transfer buffer: one get or put moves at most this much."""
+    retry_s: float = 5.0
+    """Reconnect interval while the store is unreachable."""
+    queue_bytes: int = 512 * _MIB
+    """Bound on the KV bytes waiting to be written; puts beyond it are dropped."""
+    read_queue: int = 4096
+    """Bound on the gets waiting for a reader; gets beyond it resolve to `None` at once."""
 
     @classmethod
-    def from_env(cls, get) -> RemoteConfig | None:
-        master = get("VLLM_CHUNK_CACHE_REMOTE_MASTER", "")
-        if not master:
+    def from_env(cls, env: Mapping[str, str]) -> RemoteConfig | None:
+        """The remote tier `env` configures; None without a master (off)."""
+        master_variable, *others = REMOTE_SETTINGS
+        if (master := master_variable.read(env)) is None:
             return None
-        host, _, port = master.rpartition(":")
-        if not host or not port.isdecimal() or not 0 < int(port) < 65536:
-            raise _error(
-                "VLLM_CHUNK_CACHE_REMOTE_MASTER", master, "host:port of a mooncake_master (port 1-65535)"
-            )
-        return cls(
-            master=master,
-            metadata_server=_parse_metadata_url(
-                get("VLLM_CHUNK_CACHE_REMOTE_METADATA", f"http://{host}:8080/metadata")
-            ),
-            protocol=_parse_choice(
-                "VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", get("VLLM_CHUNK_CACHE_REMOTE_PROTOCOL", "tcp"), PROTOCOLS
-            ),
-            device_name=get("VLLM_CHUNK_CACHE_REMOTE_DEVICE", ""),
-            segment_gb=_parse_float(
-                "VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB",
-                get("VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB", 0),
-                lambda v: v >= 0,
-                "a number >= 0",
-            ),
-            timeout_s=_parse_float(
-                "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S",
-                get("VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S", 5),
-                lambda v: v >= MIN_TIMEOUT_S,
-                f"a number of seconds >= {MIN_TIMEOUT_S:g} (no read completes sooner)",
-            ),
-            part_mb=_parse_float(
-                "VLLM_CHUNK_CACHE_REMOTE_PART_MB",
-                get("VLLM_CHUNK_CACHE_REMOTE_PART_MB", 16),
-                lambda v: 0.001 <= v <= 16,
-                "a number of MiB in [0.001, 16]",
-            ),
-            local_host=get("VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST", ""),
-        )
+        host = master.rpartition(":")[0]
+        return cls(master, **{v.field: v.read(env, host) for v in others})
 
     def describe(self) -> str:
+        """The store, for the start-up log."""
         return f"mooncake://{self.master} ({self.protocol})"
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkCacheConfig:
-    enabled: bool = True
-    size_gb: float | None = None
+    """The chunk cache's settings (`SETTINGS`, and the remote tier's)."""
+
+    enabled: bool = _default("enabled")
+    size_gb: float | None = _default("size_gb")
     """GiB of device pool per worker; None: sized from the engine's KV memory (`geometry`)."""
-    lru_threshold: float = 0.9
-    hash_algorithm: str = "sha256"
-    delimiter: str = "# #"
-    layout: str = "sequential"
+    lru_threshold: float = _default("lru_threshold")
+    hash_algorithm: str = _default("hash_algorithm")
+    delimiter: str = _default("delimiter")
+    layout: str = _default("layout")
     """`sequential` (the default, nearest full attention on every quality set: `docs/quality.md`)
     or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap`
     (`engine_config`)."""
-    recovery_docs: int = 0
+    recovery_docs: int = _default("recovery_docs")
     """Documents at the end of a request computed with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
-    host_gb: float = 0.0
+    host_gb: float = _default("host_gb")
     """Host memory for entries evicted from the device pool (0: no host tier)."""
     remote: RemoteConfig | None = None
     """The shared Mooncake Store tier (None: off)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
+        """The configuration `env` (default: `os.environ`) sets."""
         env = os.environ if env is None else env
-        defaults = cls()
-
-        def get(name: str, default: object) -> str:
-            return env.get(name, str(default)).strip()
-
-        return cls(
-            enabled=_parse_bool("VLLM_ENABLE_CHUNK_CACHE", get("VLLM_ENABLE_CHUNK_CACHE", "true")),
-            size_gb=_parse_float(
-                "VLLM_CHUNK_CACHE_SIZE_GB",
-                get("VLLM_CHUNK_CACHE_SIZE_GB", ""),
-                lambda v: v > 0,
-                "a number greater than 0",
-            )
-            if get("VLLM_CHUNK_CACHE_SIZE_GB", "")
-            else None,
-            lru_threshold=_parse_float(
-                "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
-                get("VLLM_CHUNK_CACHE_LRU_THRESHOLD", defaults.lru_threshold),
-                lambda v: 0 < v <= 1,
-                "a number in (0, 1]",
-            ),
-            hash_algorithm=_parse_choice(
-                "VLLM_CHUNK_CACHE_HASH_ALGORITHM",
-                get("VLLM_CHUNK_CACHE_HASH_ALGORITHM", defaults.hash_algorithm),
-                tuple(HASH_ALGORITHMS),
-            ),
-            delimiter=_parse_delimiter(env.get("VLLM_CHUNK_DELIMITER", defaults.delimiter)),
-            layout=_parse_choice(
-                "VLLM_CHUNK_CACHE_LAYOUT", get("VLLM_CHUNK_CACHE_LAYOUT", defaults.layout), LAYOUTS
-            ),
-            recovery_docs=_parse_recovery(
-                "VLLM_CHUNK_CACHE_RECOVERY", get("VLLM_CHUNK_CACHE_RECOVERY", "none")
-            ),
-            host_gb=_parse_float(
-                "VLLM_CHUNK_CACHE_HOST_GB",
-                get("VLLM_CHUNK_CACHE_HOST_GB", 0),
-                lambda v: v >= 0,
-                "a number >= 0",
-            ),
-            remote=RemoteConfig.from_env(get),
-        )
+        return cls(**{v.field: v.read(env) for v in SETTINGS}, remote=RemoteConfig.from_env(env))
 
     def pool_setting(self) -> str:
         """How the pool's size is chosen, in the words of the settings."""
@@ -188,6 +383,7 @@ class ChunkCacheConfig:
         return f"VLLM_CHUNK_CACHE_SIZE_GB={self.size_gb:g}"
 
     def describe(self) -> str:
+        """The settings, for the start-up log."""
         if not self.enabled:
             return "Chunk Cache disabled (VLLM_ENABLE_CHUNK_CACHE=false): vLLM behaves as unpatched"
         pool = "auto" if self.size_gb is None else f"{self.size_gb:g} GiB"
@@ -203,74 +399,3 @@ class ChunkCacheConfig:
 def get_config() -> ChunkCacheConfig:
     """The process-wide configuration (read once; raises `ChunkCacheConfigError` if invalid)."""
     return ChunkCacheConfig.from_env()
-
-
-def _error(name: str, value: str, accepted: str) -> ChunkCacheConfigError:
-    return ChunkCacheConfigError(f"{name}={value!r} is invalid; accepted values: {accepted}")
-
-
-def bool_word(value: str) -> bool | None:
-    """True or False for a switch word of `TRUE_WORDS` / `FALSE_WORDS` (any case), else None."""
-    word = value.strip().lower()
-    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
-
-
-def _parse_bool(name: str, value: str) -> bool:
-    if (parsed := bool_word(value)) is None:
-        raise _error(name, value, "/".join(TRUE_WORDS) + " or " + "/".join(FALSE_WORDS))
-    return parsed
-
-
-def _parse_float(name: str, value: str, ok, accepted: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise _error(name, value, accepted) from None
-    if not math.isfinite(number) or not ok(number):
-        raise _error(name, value, accepted)
-    return number
-
-
-def _parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value.lower() not in choices:
-        raise _error(name, value, ", ".join(choices))
-    return value.lower()
-
-
-def recovery_documents(value: str) -> int | None:
-    """Documents a recovery mode computes with the question (`none` 0, `last` 1, `last:K` K), or
-    None if `value` names no mode."""
-    word = value.strip().lower()
-    if word in ("none", "last"):
-        return int(word == "last")
-    head, _, k = word.partition(":")
-    return int(k) if head == "last" and k.isdecimal() and int(k) >= 1 else None
-
-
-def recovery_name(docs: int) -> str:
-    return "none" if docs == 0 else "last" if docs == 1 else f"last:{docs}"
-
-
-def _parse_recovery(name: str, value: str) -> int:
-    if (docs := recovery_documents(value)) is None:
-        raise _error(name, value, RECOVERY_ACCEPTED)
-    return docs
-
-
-def _parse_metadata_url(value: str) -> str:
-    from urllib.parse import urlsplit
-
-    url = urlsplit(value)
-    if url.scheme not in METADATA_SCHEMES or not url.hostname:
-        raise _error(
-            "VLLM_CHUNK_CACHE_REMOTE_METADATA",
-            value,
-            "a Mooncake metadata server URL: " + ", ".join(f"{s}://host:port/..." for s in METADATA_SCHEMES),
-        )
-    return value
-
-
-def _parse_delimiter(value: str) -> str:
-    if not value.strip():
-        raise _error("VLLM_CHUNK_DELIMITER", value, "any text that is not blank")
-    return value.strip()

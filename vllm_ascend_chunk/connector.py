@@ -33,7 +33,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
 
 from vllm_ascend_chunk.config import get_config
 from vllm_ascend_chunk.geometry import pool_geometry
-from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, ChunkCachePromMetrics, stats_payload
+from vllm_ascend_chunk.metrics import (
+    INCREMENTS,
+    ChunkCacheConnectorStats,
+    ChunkCachePromMetrics,
+    stats_payload,
+)
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
@@ -48,6 +53,8 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         geometry = pool_geometry(vllm_config)
         self.coordinator: ChunkCacheCoordinator | None = None
         self.chunk_worker: ChunkCacheWorker | None = None
+        self._delivered: dict[str, int] = {}
+        """Counter totals of the last payload that reached a frontend (`stats_delivered`)."""
         if role == KVConnectorRole.SCHEDULER:
             block_size = _single_group(kv_cache_config).kv_cache_spec.block_size
             priority = vllm_config.scheduler_config.policy == "priority"
@@ -107,9 +114,14 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         """vLLM's scheduler preempted `request` (it lost its blocks, and with them any loaded chunks)."""
         self.coordinator.on_preempted(request)
 
-    def stats_payload(self) -> dict[str, int | float]:
-        """The statistics payload for this step's `SchedulerStats` (`vllm_ascend_chunk.metrics`)."""
-        return stats_payload(self.coordinator.manager)
+    def stats_payload(self) -> dict[str, Any]:
+        """The statistics payload for this step's `SchedulerStats` (`vllm_ascend_chunk.metrics`):
+        totals, gauges and the counters' increments since the last delivered payload."""
+        return stats_payload(self.coordinator.manager, self._delivered)
+
+    def stats_delivered(self, payload: dict[str, Any]) -> None:
+        """`payload` goes to a frontend: later increments count from its totals."""
+        self._delivered = {name: payload[name] for name in payload[INCREMENTS]}
 
     # -- statistics (payload made by the scheduler, see `vllm_ascend_chunk.metrics`) -------------
     @classmethod

@@ -11,10 +11,14 @@ sizes the pool once it knows the KV memory (`auto_pool_bytes`, `engine_config.ca
 and records the page count in the engine's config (`engine_config.record_pages`): the scheduler and an
 in-process worker share that config, workers in other processes and the frontend are told
 (a worker RPC; the engine's ready response, patches `vllm.v1.engine*`).
+
+Both the row format (`pool_shape`) and the sized pool (`pool_geometry`) are computed once per
+engine and kept on its config: the frontend asks for the geometry of every chunked request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -80,8 +84,21 @@ def kv_dtype(vllm_config) -> torch.dtype:
     return vllm_config.model_config.dtype
 
 
+def _kept(vllm_config, name: str, compute: Callable[[object], PoolGeometry]) -> PoolGeometry:
+    """`compute(vllm_config)`, once per engine: kept on its config as `name` (vLLM's copies of it,
+    a MultiConnector child's or a worker process's, keep it too)."""
+    if (kept := vars(vllm_config).get(name)) is None:
+        kept = compute(vllm_config)
+        setattr(vllm_config, name, kept)
+    return kept
+
+
 def pool_shape(vllm_config) -> PoolGeometry:
     """The pool's row format for this engine, without its size (validates the KV dtype)."""
+    return _kept(vllm_config, "_chunk_cache_pool_shape", _shape)
+
+
+def _shape(vllm_config) -> PoolGeometry:
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
     layers = model.get_num_layers_by_block_type(parallel, "attention")
     if layers == 0:  # `engine_config` turns the chunk cache off for such models first
@@ -109,6 +126,10 @@ def recorded_pages(vllm_config) -> int | None:
 
 def pool_geometry(vllm_config) -> PoolGeometry:
     """The pool of this engine: its size set by `VLLM_CHUNK_CACHE_SIZE_GB`, or recorded (auto)."""
+    return _kept(vllm_config, "_chunk_cache_pool_geometry", _sized)
+
+
+def _sized(vllm_config) -> PoolGeometry:
     shape = pool_shape(vllm_config)
     pages = configured_pages(shape)
     if pages is None:

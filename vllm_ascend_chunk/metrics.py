@@ -1,9 +1,13 @@
 """Chunk cache statistics: engine core -> vLLM's stat loggers -> log line, Prometheus, Python API.
 
-Every `SchedulerStats` the scheduler makes carries a payload in its `kv_connector_stats` slot,
+The `SchedulerStats` of a step with outputs carries a payload in its `kv_connector_stats` slot,
 the place vLLM keeps for the configured KV connector's statistics: the running totals of the
-counters and the current gauges (totals, not increments, because vLLM's offline engine drops the
-stats of steps whose outputs are all hidden chunk prefills). vLLM hands the payload to the
+counters (the log line), their increments since the last payload (the Prometheus counters) and
+the current gauges. vLLM sends a step's stats to one frontend of the engine, and with several API
+servers (`--data-parallel-size`, `--api-server-count`) each one counts what it receives: only
+increments add up there. vLLM's offline engine drops the stats of a step without outputs (all
+hidden chunk prefills), so the scheduler sends no payload with such a step and its increments
+ride with the next one (`vllm_scheduler`). vLLM hands the payload to the
 connector class: `build_kv_connector_stats` feeds its periodic stats log ("KV Transfer metrics:
 ..." after the engine's throughput line), `build_prom_metrics` the Prometheus metrics on
 `/metrics` (and `LLM.get_metrics()`). `chunk_cache_metrics` reads them back for offline use.
@@ -22,7 +26,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, ChunkCacheStats
+from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
+from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
 
 PREFIX = "vllm:chunk_cache_"
 
@@ -38,9 +43,16 @@ GAUGES = {
 }
 
 
-def stats_payload(manager: ChunkCacheManager) -> dict[str, int | float]:
-    """The manager's counter totals and the tiers' gauges, as sent with every `SchedulerStats`."""
-    data: dict[str, int | float] = dataclasses.asdict(manager.stats)
+INCREMENTS = "increments"
+"""Payload key of the counters' increments since the last payload a frontend received."""
+
+
+def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None = None) -> dict[str, Any]:
+    """The manager's counter totals, their increments over `delivered` (the totals of the last
+    payload a frontend received) and the tiers' gauges, as sent with a `SchedulerStats`."""
+    data: dict[str, Any] = dataclasses.asdict(manager.stats)
+    delivered = delivered or {}
+    data[INCREMENTS] = {name: data[name] - delivered.get(name, 0) for name in COUNTERS}
     host = manager.host
     data.update(
         usage_ratio=manager.usage_ratio,
@@ -118,15 +130,12 @@ class ChunkCachePromMetrics(KVConnectorPromMetrics):
             )
             for name, doc in GAUGES.items()
         }
-        self._totals = {idx: dict.fromkeys(COUNTERS, 0) for idx in per_engine_labelvalues}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        seen = self._totals[engine_idx]
+        increments = transfer_stats_data.get(INCREMENTS, {})
         for name, per_engine in self.counters.items():
-            total = transfer_stats_data.get(name, seen[name])
-            if total > seen[name]:
-                per_engine[engine_idx].inc(total - seen[name])
-                seen[name] = total
+            if (n := increments.get(name, 0)) > 0:
+                per_engine[engine_idx].inc(n)
         for name, per_engine in self.gauges.items():
             if name in transfer_stats_data:
                 per_engine[engine_idx].set(transfer_stats_data[name])

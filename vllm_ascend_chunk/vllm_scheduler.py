@@ -69,14 +69,33 @@ class _ChunkCacheSchedulerMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        hidden = self.chunk_cache.take_prefill_ids_to_hide()
-        if not hidden:
-            return outputs
-        for eco in outputs.values():
-            eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
-            if eco.finished_requests:
-                eco.finished_requests -= hidden
+        if hidden := self.chunk_cache.take_prefill_ids_to_hide():
+            for eco in outputs.values():
+                eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
+                if eco.finished_requests:
+                    eco.finished_requests -= hidden
+        self._deliver_stats(outputs)
         return outputs
+
+    def _deliver_stats(self, outputs) -> None:
+        """The payload goes with stats a frontend records: those of a step with outputs (vLLM's
+        offline engine drops the others); otherwise it is taken out and its increments wait."""
+        for eco in outputs.values():
+            if eco.scheduler_stats is None or (payload := self._payload(eco.scheduler_stats)) is None:
+                continue
+            if eco.outputs:
+                self.chunk_cache.stats_delivered(payload)
+            elif self.connector is self.chunk_cache:
+                eco.scheduler_stats.kv_connector_stats = None
+            else:
+                del eco.scheduler_stats.kv_connector_stats[type(self.chunk_cache).__name__]
+
+    def _payload(self, stats) -> dict | None:
+        """The chunk cache payload in `stats` (`make_stats` put it there), or None."""
+        data = stats.kv_connector_stats
+        if self.connector is self.chunk_cache or not data:
+            return data
+        return data.get(type(self.chunk_cache).__name__, {}).get("data")
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)

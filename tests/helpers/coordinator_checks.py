@@ -29,6 +29,7 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
             pins[id(entry)] = pins.get(id(entry), 0) + 1
             assert manager.entries.get(entry.key) is entry, "a pinned entry left the pool"
     for entry in [*manager.entries.values(), *dropped.values()]:
+        assert entry.dropped == (manager.entries.get(entry.key) is not entry), entry.state
         assert entry.pins == pins.get(id(entry), 0)
         if not entry.resident:
             computed = any(entry in p.entries for p in live_prefills.values())

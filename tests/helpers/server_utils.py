@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from benchmarks.serve_util import VllmServer, openai_client, scrape
@@ -15,8 +15,11 @@ TIMEOUT = 60
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, log: Path, env: dict[str, str | None] | None = None) -> Iterator[str]:
-    """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0); yields its URL."""
+def vllm_server(
+    model_dir: Path, log: Path, env: dict[str, str | None] | None = None, extra_args: Sequence[str] = ()
+) -> Iterator[str]:
+    """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0, then
+    `extra_args`); yields its URL."""
     args = [
         "--served-model-name",
         "tiny-llama",
@@ -26,6 +29,7 @@ def vllm_server(model_dir: Path, log: Path, env: dict[str, str | None] | None = 
         "4096",
         "--seed",
         "0",
+        *extra_args,
     ]
     with VllmServer(model_dir, args, env=env, log_path=log) as server:
         yield server.url

@@ -14,6 +14,7 @@ from tests.helpers import server_utils
 from vllm_ascend_chunk.metrics import (
     COUNTERS,
     GAUGES,
+    INCREMENTS,
     ChunkCacheConnectorStats,
     ChunkCacheMetrics,
     ChunkCachePromMetrics,
@@ -23,9 +24,11 @@ from vllm_ascend_chunk.metrics import (
 LABELS = ["model_name", "engine"]
 
 
-def payload(hits=0, misses=0, usage=0.0, entries=0, pinned=0, **counters) -> dict:
+def payload(hits=0, misses=0, usage=0.0, entries=0, pinned=0, since=None, **counters) -> dict:
+    """A scheduler payload with these totals; its increments count from the totals of `since`."""
     data = dict.fromkeys(COUNTERS, 0) | dict.fromkeys(GAUGES, 0) | {"hits": hits, "misses": misses} | counters
-    return data | {"usage_ratio": usage, "entries": entries, "pinned_entries": pinned}
+    data |= {"usage_ratio": usage, "entries": entries, "pinned_entries": pinned}
+    return data | {INCREMENTS: {name: data[name] - (since or {}).get(name, 0) for name in COUNTERS}}
 
 
 @pytest.fixture
@@ -42,11 +45,12 @@ def scrape(registry) -> ChunkCacheMetrics:
     return ChunkCacheMetrics.from_prometheus_text(generate_latest(registry).decode())
 
 
-def test_prometheus_counters_follow_the_totals_per_engine(prom):
+def test_prometheus_counters_add_the_increments_per_engine(prom):
     metrics, registry = prom
-    metrics.observe(payload(hits=2, misses=3, hit_tokens=40, usage=0.25, entries=3, pinned=1), 0)
-    metrics.observe(payload(hits=2, misses=3, hit_tokens=40, usage=0.25, entries=3, pinned=1), 0)
-    metrics.observe(payload(hits=5, misses=3, hit_tokens=90, usage=0.5, entries=3, pinned=0), 0)
+    first = payload(hits=2, misses=3, hit_tokens=40, usage=0.25, entries=3, pinned=1)
+    metrics.observe(first, 0)
+    metrics.observe(payload(hits=2, misses=3, hit_tokens=40, usage=0.25, entries=3, pinned=1, since=first), 0)
+    metrics.observe(payload(hits=5, misses=3, hit_tokens=90, usage=0.5, entries=3, since=first), 0)
     metrics.observe(payload(hits=1, misses=1, chunk_prefills=1, usage=0.1, entries=1), 1)
     m = scrape(registry)
     assert (m.hit_count, m.miss_count, m.hit_tokens, m.chunk_prefills) == (6, 4, 90, 1)

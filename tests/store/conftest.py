@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tools.mooncake_store import MooncakeProcs
-from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+from vllm_ascend_chunk.config import RemoteConfig
+from vllm_ascend_chunk.worker.remote_store import RemoteStore
 
 
 def _procs(log_dir: Path) -> Iterator[MooncakeProcs]:
@@ -32,11 +33,11 @@ def own_mooncake(tmp_path: Path) -> Iterator[MooncakeProcs]:
 
 
 @pytest.fixture
-def remote_store() -> Iterator[Callable[[RemoteStoreConfig], RemoteStore]]:
+def remote_store() -> Iterator[Callable[[RemoteConfig], RemoteStore]]:
     """Makes `RemoteStore`s, closed at teardown."""
     stores: list[RemoteStore] = []
 
-    def make(config: RemoteStoreConfig) -> RemoteStore:
+    def make(config: RemoteConfig) -> RemoteStore:
         stores.append(RemoteStore(config))
         return stores[-1]
 

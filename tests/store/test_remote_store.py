@@ -12,12 +12,13 @@ import torch
 
 from tests.store.test_kv_object import header as kv_header
 from tools.mooncake_store import MooncakeProcs, wait_for
+from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.worker.kv_object import KVHeader, encode
-from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+from vllm_ascend_chunk.worker.remote_store import RemoteStore
 
 TIMEOUT_S = 1.0
 RETRY_S = 0.3
-MakeStore = Callable[[RemoteStoreConfig], RemoteStore]
+MakeStore = Callable[[RemoteConfig], RemoteStore]
 
 
 def header(name: str, **changes) -> KVHeader:
@@ -76,9 +77,10 @@ _EXIT_WITHOUT_CLOSE = """
 import sys
 from tests.store.test_remote_store import header, kv_for
 from tools.mooncake_store import wait_for
-from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+from vllm_ascend_chunk.config import RemoteConfig
+from vllm_ascend_chunk.worker.remote_store import RemoteStore
 master, metadata, prefix = sys.argv[1:]
-store = RemoteStore(RemoteStoreConfig(master=master, metadata_server=metadata, timeout_s=1.0))
+store = RemoteStore(RemoteConfig(master=master, metadata_server=metadata, timeout_s=1.0))
 wait_for(lambda: store.up, 10, "client connected")
 for i in range(8):
     h = header(f"{prefix}-{i}")

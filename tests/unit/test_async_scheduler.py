@@ -173,12 +173,11 @@ def small_pool(request, monkeypatch, models_dir: Path):
     """The engine config, with `VLLM_CHUNK_CACHE_SIZE_GB` set so that the pool has POOL_PAGES,
     in each chunk layout (and scheduling policy)."""
     from vllm_ascend_chunk.config import get_config
-    from vllm_ascend_chunk.geometry import pool_geometry
+    from vllm_ascend_chunk.geometry import pool_geometry, pool_shape
 
     layout, policy = request.param
     config = vllm_config(models_dir, NUM_GPU_BLOCKS, policy)
-    geometry = pool_geometry(config)
-    page_bytes = geometry.page_size * geometry.bytes_per_token
+    page_bytes = pool_shape(config).page_bytes
     monkeypatch.setenv("VLLM_CHUNK_CACHE_SIZE_GB", str((POOL_PAGES + 0.5) * page_bytes / 2**30))
     monkeypatch.delenv("VLLM_CHUNK_CACHE_LRU_THRESHOLD", raising=False)
     monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)

@@ -1,6 +1,7 @@
 import pytest
 
-from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError
+from tests.helpers import REPO
+from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError, docs_table
 
 
 def test_defaults_match_the_design():
@@ -88,3 +89,10 @@ def test_remote_settings_that_are_valid_are_kept():
     )
     default = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_REMOTE_MASTER": "store:50051"}).remote
     assert default.metadata_server == "http://store:8080/metadata"
+
+
+def test_the_readme_shows_the_configuration_table():
+    """README.md's table is `docs_table()`, whole (a blank line on each side): regenerate it with
+    `python -c "from vllm_ascend_chunk.config import docs_table; print(docs_table())"`."""
+    readme = (REPO / "README.md").read_text()
+    assert f"\n\n{docs_table()}\n\n" in readme

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
+from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, EntryState
 
 
 def make(num_pages: int = 8, page_size: int = 4, threshold: float = 1.0) -> ChunkCacheManager:
@@ -110,6 +110,36 @@ def test_discard_of_a_dropped_pending_entry_frees_it_once():
     m.discard(entry)
     m.discard(entry)
     assert sorted(m.free_pages) == [0, 1]
+
+
+def test_entry_states_follow_the_documented_transitions():
+    """`EntryState`: computed, evicted; dropped while computing, fetching or pinned; discarded."""
+    m = make(num_pages=8)
+    m.remote = True
+    fetching = m.acquire([(b"f", 4)], chunk_keys={b"f"}).entries[0]
+    m.remote = False
+    computing, pinned, idle, lost = (m.acquire([(k, 4)], chunk_keys={k}).entries[0] for k in b"cpil")
+    assert (fetching.state, computing.state) == (EntryState.FETCHING, EntryState.COMPUTING)
+    for entry in (pinned, idle):
+        m.mark_resident(entry)
+    m.release([idle, lost])
+    assert (idle.state, idle.resident) == (EntryState.RESIDENT, True)
+    m.discard(lost)
+    assert lost.state is EntryState.FREED and b"l" not in m.entries
+    m.clear()
+    assert [e.state for e in (fetching, computing, pinned, idle)] == [
+        EntryState.DROPPED_FETCHING,
+        EntryState.DROPPED_COMPUTING,
+        EntryState.DROPPED_RESIDENT,
+        EntryState.FREED,
+    ]
+    assert fetching.fetching and fetching.dropped and not idle.dropped
+    assert not m.fetched(fetching, True) and fetching.state is EntryState.DROPPED_RESIDENT
+    m.mark_resident(computing)
+    assert computing.state is EntryState.DROPPED_RESIDENT
+    m.release([fetching, computing, pinned])
+    assert all(e.state is EntryState.FREED for e in (fetching, computing, pinned))
+    assert m.used_pages == 0
 
 
 # -- tiers ---------------------------------------------------------------------------------------

@@ -128,3 +128,18 @@ def test_a_size_below_one_page_fails_the_engine_config_naming_the_variable(model
     chunk_env(**{name: "0.000001"})  # 1 KiB: not one 16-token page of tiny Llama (16 KiB)
     with pytest.raises(ValueError, match=f"{name}=1e-06 holds no page of this model's pool"):
         engine_config_of(models_dir / "tiny-llama")
+
+
+def test_the_geometry_is_computed_once_per_engine(models_dir, pool_env, monkeypatch):
+    """`configure` computes the row format; the engine core, the connectors, the frontend (on
+    every request) and copies of the config reuse it, and the sized geometry, without recomputing."""
+    pool_env("0.5")
+    core = engine_config_of(models_dir / "tiny-llama")
+
+    def never(*args):
+        raise AssertionError("the pool's geometry is computed again")
+
+    monkeypatch.setattr(type(core.model_config), "get_num_layers_by_block_type", never)
+    geometry = pool_geometry(core)
+    assert pool_geometry(core) is geometry and pool_geometry(copy.copy(core)) is geometry
+    assert engine_config.carve_out_pool(core, Executor(GiB, core)) == [GiB - geometry.num_bytes]

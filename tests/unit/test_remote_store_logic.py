@@ -21,9 +21,10 @@ import torch
 from tests.store.test_kv_object import header as kv_header
 from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool
 from tools.mooncake_store import wait_for
+from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.step import RemoteRead, RemoteWrite
 from vllm_ascend_chunk.worker.kv_object import KVHeader, encode, object_size
-from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+from vllm_ascend_chunk.worker.remote_store import RemoteStore
 from vllm_ascend_chunk.worker.remote_tier import RemoteTier
 
 NONCE = 8
@@ -147,7 +148,7 @@ def make_store(mooncake: FakeMooncake) -> Iterator[MakeStore]:
     stores: list[RemoteStore] = []
 
     def make(**overrides) -> RemoteStore:
-        config = RemoteStoreConfig(
+        config = RemoteConfig(
             master=master.address,
             metadata_server="http://127.0.0.1:1/metadata",
             **{"timeout_s": 2.0, "retry_s": RETRY_S, **overrides},

@@ -12,11 +12,12 @@ import time
 
 import torch
 
+from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.step import RemoteRead, RemoteWrite
 from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader, encode
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
-from vllm_ascend_chunk.worker.remote_store import RemoteStoreConfig, RemoteStoreStats
+from vllm_ascend_chunk.worker.remote_store import RemoteStoreStats
 from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity, object_name
 
 RETRY_S = 0.1
@@ -50,7 +51,7 @@ class StandInStore:
     """What `RemoteTier` uses of a `RemoteStore`; the tests settle the futures of its gets."""
 
     def __init__(self, timeout_s: float = 0.3) -> None:
-        self.config = RemoteStoreConfig(master="-", metadata_server="-", timeout_s=timeout_s)
+        self.config = RemoteConfig(master="-", metadata_server="-", timeout_s=timeout_s)
         self.up = True
         self.counters = RemoteStoreStats()
         self.gets: list[tuple[str, KVHeader, concurrent.futures.Future]] = []

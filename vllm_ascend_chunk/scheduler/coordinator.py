@@ -54,14 +54,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.chunk_cache")
 
 CHUNK_PREFILL_ID_PREFIX = "chunk-cache-prefill-"
-REMOTE_COUNTERS = {
-    "remote_bytes_read": "bytes_read",
-    "remote_bytes_written": "bytes_written",
-    "remote_errors": "errors",
-    "remote_corrupt": "corrupt",
-    "remote_write_drops": "put_drops",
-}
-"""`ChunkCacheStats` field → the `RemoteStore.stats` counter of every worker it sums."""
 
 
 @dataclass
@@ -395,17 +387,11 @@ class ChunkCacheCoordinator:
                 self.manager.remote = up
         if report.remote_counters:
             self.remote_counters.update(report.remote_counters)
-            self._sum_remote_counters()
+            self.manager.stats.sum_remote_counters(self.remote_counters.values())
         for read_id, ok in report.reads.items():
             entry = self.reads.pop(read_id)
             if self.manager.fetched(entry, ok):
                 self.unread.append(entry)
-
-    def _sum_remote_counters(self) -> None:
-        """The workers' remote-store counters into the statistics (totals over the workers)."""
-        stats = self.manager.stats
-        for field_name, counter in REMOTE_COUNTERS.items():
-            setattr(stats, field_name, sum(c.get(counter, 0) for c in self.remote_counters.values()))
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""

@@ -1,48 +1,34 @@
 """HostIndex: which key's copy lives in which pages of the host-memory tier.
 
-Pure bookkeeping, like the pool index (`scheduler.manager`). The host tier holds copies of
-entries evicted from the device pool, least recently used evicted first when it is full. An
-entry is complete once its copy is scheduled (the worker runs a step's copies into host memory
-before the copies out of it), so it has no pending state. A copy read or written in the step
-being built is *busy* until the step's operations are sent (`end_step`): its pages are not given
-to another entry in the same step, so one step never reads host rows that it also overwrites,
-nor writes the same host rows twice (one `index_copy_` with duplicate rows has no defined winner).
+Pure bookkeeping on the same `paging.PageIndex` as the pool index (`scheduler.manager`). The
+host tier holds copies of entries evicted from the device pool, least recently used evicted first
+when it is full. An entry is complete once its copy is scheduled (the worker runs a step's copies
+into host memory before the copies out of it), so it has no pending state. A copy read or written
+in the step being built is *busy* until the step's operations are sent (`end_step`): its pages
+are not given to another entry in the same step, so one step never reads host rows that it also
+overwrites, nor writes the same host rows twice (one `index_copy_` with duplicate rows has no
+defined winner).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-
-from vllm_ascend_chunk.paging import lru_victims, pages_for, slot_of
+from vllm_ascend_chunk.paging import PagedEntry, PageIndex, pages_for
 
 
-@dataclass(eq=False)
-class HostEntry:
-    key: bytes
-    num_tokens: int
-    pages: list[int]
-
-    def rows(self, page_size: int) -> list[int]:
-        """Host rows of the entry's tokens, in token order."""
-        return [slot_of(self.pages, page_size, t) for t in range(self.num_tokens)]
+class HostEntry(PagedEntry):
+    """A copy in the host tier; its `rows` are host rows."""
 
 
-class HostIndex:
+class HostIndex(PageIndex[HostEntry]):
+    """The host tier's copies by key, least recently used first, and the copies busy in the step."""
+
     def __init__(self, num_pages: int, page_size: int) -> None:
-        self.num_pages = num_pages
-        self.page_size = page_size
-        self.free_pages: list[int] = list(range(num_pages - 1, -1, -1))
-        self.entries: OrderedDict[bytes, HostEntry] = OrderedDict()  # least recently used first
+        super().__init__(num_pages, page_size)
         self.busy: set[bytes] = set()
         """Keys read or written in the step being built."""
         self.retired: list[HostEntry] = []
         """Busy copies dropped by `clear`: their pages are free once the step is sent."""
         self.evictions = 0
-
-    @property
-    def usage_ratio(self) -> float:
-        return (self.num_pages - len(self.free_pages)) / self.num_pages if self.num_pages else 0.0
 
     def read(self, key: bytes) -> HostEntry | None:
         """The copy of `key`, marked most recently used and busy for this step; None if absent."""
@@ -65,14 +51,13 @@ class HostIndex:
         be stored yet."""
         needed = pages_for(num_tokens, self.page_size)
         replaceable = (e for e in self.entries.values() if e.key not in self.busy)
-        victims = lru_victims(replaceable, max(0, needed - len(self.free_pages)))
+        victims = self._lru_victims(replaceable, needed)
         if victims is None:
             return None
         for entry in victims:
             self._free(entry)
             self.evictions += 1
-        pages = [self.free_pages.pop() for _ in range(needed)]
-        entry = self.entries[key] = HostEntry(key=key, num_tokens=num_tokens, pages=pages)
+        entry = self.entries[key] = HostEntry(key=key, num_tokens=num_tokens, pages=self._take_pages(needed))
         self.busy.add(key)
         return entry
 
@@ -80,7 +65,7 @@ class HostIndex:
         """The step's operations were sent: copies read or written in it may be replaced now."""
         self.busy.clear()
         for entry in self.retired:
-            self.free_pages.extend(reversed(entry.pages))
+            self._give_back(entry)
         self.retired.clear()
 
     def clear(self) -> None:
@@ -92,7 +77,3 @@ class HostIndex:
                 self.retired.append(entry)
             else:
                 self._free(entry)
-
-    def _free(self, entry: HostEntry) -> None:
-        del self.entries[entry.key]
-        self.free_pages.extend(reversed(entry.pages))

@@ -1,9 +1,11 @@
 """ChunkCacheManager: the pool index — which key lives in which pool pages, pins, LRU, stats —
 and the plan across the tiers below the pool.
 
-Pure bookkeeping (no vLLM, no tensors). Entries are created *pending* when a chunk prefill is
-planned and become *resident* once that prefill has run; only resident, unpinned entries are
-evicted, least recently used first, when space is needed or usage exceeds the LRU threshold.
+Pure bookkeeping (no vLLM, no tensors); the pages and their LRU order are `paging.PageIndex`'s.
+Entries are created *pending* when a chunk prefill is planned and become *resident* once that
+prefill has run (`EntryState` lists every state and what moves an entry between them); only
+resident, unpinned entries are evicted, least recently used first, when space is needed or usage
+exceeds the LRU threshold.
 A request acquires all its entries at once or nothing, so requests that hold pins always
 progress and the pool never deadlocks.
 
@@ -16,75 +18,87 @@ host reads, before anything else touches the pool; so a page freed here and reus
 only overwritten after its old content has been copied out.
 
 A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
-or still being computed keeps its pages until that ends (`dropped`), so no page is handed out
-while a prefill may still write into it or a request may still load from it.
+or still being computed or read keeps its pages until that ends (a DROPPED_ state), so no page is
+handed out while a prefill or a read may still write into it or a request may still load from it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+import enum
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from vllm_ascend_chunk.paging import lru_victims, pages_for, slot_of
+from vllm_ascend_chunk.paging import PagedEntry, PageIndex, pages_for
 from vllm_ascend_chunk.scheduler.host_index import HostIndex
+from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
+
+
+class EntryState(enum.Enum):
+    """Where a pool entry stands. Transitions, by the `ChunkCacheManager` method that makes them:
+
+    - `acquire` creates a missing key's entry RESIDENT (copied back from the host tier), FETCHING
+      (with a remote store) or COMPUTING (a chunk prefill fills it).
+    - `fetched`: FETCHING → RESIDENT if the read brought the entry; otherwise → COMPUTING while a
+      request holds it (the caller has it computed), else → FREED. DROPPED_FETCHING →
+      DROPPED_RESIDENT (→ FREED if unpinned), or → FREED if the read failed.
+    - `mark_resident` (its prefill completed): COMPUTING → RESIDENT; DROPPED_COMPUTING →
+      DROPPED_RESIDENT, → FREED at once if unpinned.
+    - `discard` (its prefill did not complete): COMPUTING or DROPPED_COMPUTING → FREED.
+    - `acquire` and `release` (eviction, to make room or over the LRU threshold): RESIDENT and
+      unpinned → FREED, copied to the host tier first.
+    - `clear` (a reset): COMPUTING → DROPPED_COMPUTING, FETCHING → DROPPED_FETCHING, RESIDENT →
+      DROPPED_RESIDENT if pinned, else → FREED.
+    - `release` of the last pin: DROPPED_RESIDENT → FREED.
+    """
+
+    COMPUTING = "computing"
+    """In the index, pending: a chunk prefill computes it (or will, once its remote read failed)."""
+    FETCHING = "fetching"
+    """In the index, pending on a read from the remote store."""
+    RESIDENT = "resident"
+    """In the index, its rows hold its K/V: loadable; evictable once unpinned."""
+    DROPPED_COMPUTING = "dropped computing"
+    """Removed from the index by a reset; keeps its pages until its prefill ends."""
+    DROPPED_FETCHING = "dropped fetching"
+    """Removed from the index by a reset; keeps its pages until its read ends."""
+    DROPPED_RESIDENT = "dropped resident"
+    """Removed from the index by a reset; keeps its pages until its last pin goes."""
+    FREED = "freed"
+    """Its pages were given back (evicted, discarded, or dropped and settled); final."""
+
+
+_DROPPED = {
+    EntryState.COMPUTING: EntryState.DROPPED_COMPUTING,
+    EntryState.FETCHING: EntryState.DROPPED_FETCHING,
+    EntryState.RESIDENT: EntryState.DROPPED_RESIDENT,
+}
+"""The state of an indexed entry → its state once a reset dropped it."""
 
 
 @dataclass(eq=False)
-class Entry:
-    key: bytes
-    num_tokens: int
-    pages: list[int]
-    resident: bool = False
+class Entry(PagedEntry):
+    """A pool entry: its `rows` are pool rows."""
+
+    state: EntryState = EntryState.COMPUTING
+    """The one record of where it stands (`resident`, `fetching` and `dropped` read it)."""
     pins: int = 0
-    dropped: bool = False
-    """Removed from the index by a reset while pinned or pending; its pages are freed once
-    it is neither (`ChunkCacheManager.settle`)."""
-    fetching: bool = False
-    """Pending on a read from the remote store (`ChunkCacheManager.fetched` ends it)."""
     fetch_tokens: int = 0
     """Chunk tokens to count as a remote hit or a miss once the read ends (0: not counted)."""
 
-    def rows(self, page_size: int) -> list[int]:
-        """Pool rows of the entry's tokens, in token order."""
-        return [slot_of(self.pages, page_size, t) for t in range(self.num_tokens)]
+    @property
+    def resident(self) -> bool:
+        """Its rows hold its K/V (RESIDENT or DROPPED_RESIDENT)."""
+        return self.state in (EntryState.RESIDENT, EntryState.DROPPED_RESIDENT)
 
+    @property
+    def fetching(self) -> bool:
+        """Pending on a read from the remote store (FETCHING or DROPPED_FETCHING)."""
+        return self.state in (EntryState.FETCHING, EntryState.DROPPED_FETCHING)
 
-def _counter(doc: str) -> int:
-    """A `ChunkCacheStats` counter: starts at 0; `doc` is also its Prometheus help text."""
-    return field(default=0, metadata={"doc": doc})
-
-
-@dataclass
-class ChunkCacheStats:
-    """Running totals since the engine started. Every field is a counter that the stats log,
-    Prometheus (`vllm:chunk_cache_<field>_total`) and the Python API report (`metrics`)."""
-
-    hits: int = _counter("Chunk occurrences found resident in the device pool when a request was planned.")
-    misses: int = _counter(
-        "Chunk occurrences in no tier (computed, or joined a prefill or a remote read in flight)."
-    )
-    hit_tokens: int = _counter("Tokens of the chunk hits in the device pool (loaded instead of computed).")
-    miss_tokens: int = _counter("Tokens of the chunk misses.")
-    inflight_joins: int = _counter("Misses served by a prefill or remote read another request had started.")
-    evictions: int = _counter("Pool entries evicted (least recently used first).")
-    chunk_prefills: int = _counter("Chunk prefills run to compute missing chunks (SYS + chunk).")
-    host_hits: int = _counter("Chunk occurrences copied back from the host-memory tier.")
-    host_hit_tokens: int = _counter("Tokens of the host-tier hits.")
-    remote_hits: int = _counter("Chunk occurrences read from the remote store.")
-    remote_hit_tokens: int = _counter("Tokens of the remote-store hits.")
-    host_bytes_written: int = _counter("Bytes copied from the device pool into the host-memory tier.")
-    host_bytes_read: int = _counter("Bytes copied from the host-memory tier back into the device pool.")
-    host_evictions: int = _counter("Host-tier entries evicted (least recently used first).")
-    remote_reads: int = _counter("Entries (SYS or chunk) asked of the remote store.")
-    remote_read_failures: int = _counter(
-        "Remote reads that brought nothing (absent, corrupt, foreign, store down or slow)."
-    )
-    remote_bytes_read: int = _counter("Bytes of objects read from the remote store (every worker).")
-    remote_bytes_written: int = _counter("Bytes of objects written to the remote store (every worker).")
-    remote_errors: int = _counter("Remote store operations that failed (every worker; timeouts are misses).")
-    remote_corrupt: int = _counter("Remote objects refused: corrupt, truncated or foreign (every worker).")
-    remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
+    @property
+    def dropped(self) -> bool:
+        """Removed from the index by a reset and not freed yet (a DROPPED_ state)."""
+        return self.state in _DROPPED.values()
 
 
 @dataclass
@@ -114,7 +128,7 @@ class Moves:
     """... at these pool rows (entries found in the host tier)."""
 
 
-class ChunkCacheManager:
+class ChunkCacheManager(PageIndex[Entry]):
     def __init__(
         self,
         num_pages: int,
@@ -123,11 +137,8 @@ class ChunkCacheManager:
         host_pages: int = 0,
         token_bytes: int = 0,
     ) -> None:
-        self.page_size = page_size
-        self.num_pages = num_pages
+        super().__init__(num_pages, page_size)
         self.lru_threshold = lru_threshold
-        self.free_pages: list[int] = list(range(num_pages - 1, -1, -1))
-        self.entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
         self.stats = ChunkCacheStats()
         self.host = HostIndex(host_pages, page_size) if host_pages else None
         self.token_bytes = token_bytes
@@ -137,14 +148,6 @@ class ChunkCacheManager:
         self.moves = Moves()
 
     # -- queries ---------------------------------------------------------------------------
-    @property
-    def used_pages(self) -> int:
-        return self.num_pages - len(self.free_pages)
-
-    @property
-    def usage_ratio(self) -> float:
-        return self.used_pages / self.num_pages if self.num_pages else 0.0
-
     @property
     def pinned_entries(self) -> int:
         return sum(1 for e in self.entries.values() if e.pins)
@@ -210,7 +213,8 @@ class ChunkCacheManager:
         """The remote read of a fetching entry ended: resident if `ok`. Returns whether the entry
         must now be computed (the read failed and a request still holds it)."""
         assert entry.fetching, f"entry {entry.key.hex()[:12]} was not being read"
-        entry.fetching = False
+        # The read ended: pending as if a prefill computed it, until it is resident or freed below.
+        entry.state = EntryState.DROPPED_COMPUTING if entry.dropped else EntryState.COMPUTING
         self.stats.remote_read_failures += not ok
         if entry.fetch_tokens:
             if ok:
@@ -244,16 +248,18 @@ class ChunkCacheManager:
 
     def mark_resident(self, entry: Entry) -> None:
         """The prefill of a pending entry completed: its rows hold the entry's K/V."""
-        entry.resident = True
+        assert entry.state in (EntryState.COMPUTING, EntryState.DROPPED_COMPUTING), (
+            f"entry {entry.key.hex()[:12]} is {entry.state.value}, not being computed"
+        )
+        entry.state = EntryState.DROPPED_RESIDENT if entry.dropped else EntryState.RESIDENT
         self.settle(entry)
 
     def discard(self, entry: Entry) -> None:
-        """Forget a pending entry whose prefill did not complete (callers release its pins first)."""
+        """Forget a pending entry whose prefill did not complete (callers release its pins first);
+        nothing if it was freed already."""
         assert not entry.resident and not entry.pins, "only unpinned pending entries are discarded"
-        if self.entries.get(entry.key) is entry:
+        if entry.state is not EntryState.FREED:
             self._free(entry)
-        elif entry.dropped:
-            self._reclaim(entry)
 
     def clear(self) -> int:
         """Drop every entry, and the host tier (a cache reset): from now on every key misses.
@@ -262,7 +268,7 @@ class ChunkCacheManager:
         entries = list(self.entries.values())
         self.entries.clear()
         for entry in entries:
-            entry.dropped = True
+            entry.state = _DROPPED[entry.state]
             self.settle(entry)
         if self.host is not None:
             self.host.clear()
@@ -270,24 +276,24 @@ class ChunkCacheManager:
 
     def settle(self, entry: Entry) -> None:
         """Free the pages of a dropped entry nobody can read or write any more."""
-        if entry.dropped and entry.resident and not entry.pins:
-            self._reclaim(entry)
+        if entry.state is EntryState.DROPPED_RESIDENT and not entry.pins:
+            self._free(entry)
 
     # -- mechanics -------------------------------------------------------------------------
     def _create(self, key: bytes, num_tokens: int, acquired: Acquired) -> Entry | None:
         """A new entry for `key`, filled from the first tier that has it; returns it if that was
         the host tier (it is resident at once)."""
-        pages = [self.free_pages.pop() for _ in range(pages_for(num_tokens, self.page_size))]
+        pages = self._take_pages(pages_for(num_tokens, self.page_size))
         entry = self.entries[key] = Entry(key=key, num_tokens=num_tokens, pages=pages)
         copy = self.host.read(key) if self.host is not None else None
         if copy is not None:
             self.moves.read_from += copy.rows(self.page_size)
             self.moves.read_to += entry.rows(self.page_size)
             self.stats.host_bytes_read += num_tokens * self.token_bytes
-            entry.resident = True
+            entry.state = EntryState.RESIDENT
             return entry
         if self.remote:
-            entry.fetching = True
+            entry.state = EntryState.FETCHING
             self.stats.remote_reads += 1
             acquired.fetches.append(entry)
         else:
@@ -295,22 +301,23 @@ class ChunkCacheManager:
         return None
 
     def _free(self, entry: Entry) -> None:
-        del self.entries[entry.key]
-        self.free_pages.extend(reversed(entry.pages))
+        """→ FREED: its pages are given back (and it leaves the index, unless a reset dropped it)."""
+        if entry.dropped:
+            self._give_back(entry)
+        else:
+            super()._free(entry)
+        entry.state = EntryState.FREED
 
-    def _reclaim(self, entry: Entry) -> None:
-        """Give back the pages of a dropped entry (once: its page list is emptied)."""
-        self.free_pages.extend(reversed(entry.pages))
-        entry.pages = []
-
-    def _evictable(self, protect: set[bytes] = frozenset()) -> Iterable[Entry]:
-        return [e for e in self.entries.values() if e.resident and not e.pins and e.key not in protect]
+    def _evictable(self, protect: set[bytes] = frozenset()) -> Iterator[Entry]:
+        """Resident, unpinned entries not in `protect`, least recently used first."""
+        return (
+            e
+            for e in self.entries.values()
+            if e.state is EntryState.RESIDENT and not e.pins and e.key not in protect
+        )
 
     def _make_room(self, pages: int, protect: set[bytes]) -> bool:
-        shortfall = pages - len(self.free_pages)
-        if shortfall <= 0:
-            return True
-        victims = lru_victims(self._evictable(protect), shortfall)
+        victims = self._lru_victims(self._evictable(protect), pages)
         if victims is None:
             return False
         for entry in victims:
@@ -319,7 +326,7 @@ class ChunkCacheManager:
 
     def _evict_over_threshold(self) -> None:
         limit = self.lru_threshold * self.num_pages
-        for entry in self._evictable():
+        for entry in list(self._evictable()):
             if self.used_pages <= limit:
                 break
             self._evict(entry)

@@ -152,23 +152,12 @@ def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
     from vllm.utils.network_utils import get_ip
 
-    from vllm_ascend_chunk.worker.remote_store import RemoteStore, RemoteStoreConfig
+    from vllm_ascend_chunk.worker.remote_store import RemoteStore
     from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity
 
     config = get_config()
     remote = config.remote
-    store = RemoteStore(
-        RemoteStoreConfig(
-            master=remote.master,
-            metadata_server=remote.metadata_server,
-            protocol=remote.protocol,
-            device_name=remote.device_name,
-            segment_bytes=int(remote.segment_gb * 2**30),
-            timeout_s=remote.timeout_s,
-            part_bytes=int(remote.part_mb * 2**20),
-        ),
-        local_hostname=remote.local_host or get_ip(),
-    )
+    store = RemoteStore(remote, local_hostname=remote.local_host or get_ip())
     identity = ShardIdentity(
         model=vllm_config.model_config.model,
         layout=config.layout,

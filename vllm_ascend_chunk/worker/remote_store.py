@@ -53,11 +53,11 @@ from typing import Any
 
 import torch
 
+from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.worker.kv_object import KVHeader, KVObjectError, decode, encode, object_size
 
 logger = logging.getLogger("vllm.chunk_cache")
 
-_MIB = 1 << 20
 _PROBE_NAME = "chunk-cache/probe"
 _PROBE_VALUE = b"chunk-cache probe object\n"
 _NO_SPACE = -200
@@ -66,34 +66,6 @@ _NONCE_BYTES = 8
 """Each part of a multi-part object starts with its write's nonce."""
 _READERS = 2
 _CORRUPT_LOG_INTERVAL_S = 60.0
-
-
-@dataclass(frozen=True)
-class RemoteStoreConfig:
-    """Where the Mooncake Store is and how this client uses it."""
-
-    master: str
-    """Master RPC address, "host:port"."""
-    metadata_server: str
-    """E.g. "http://127.0.0.1:8080/metadata" (the master's embedded HTTP metadata server)."""
-    protocol: str = "tcp"
-    device_name: str = ""
-    segment_bytes: int = 0
-    """Memory this client contributes to the store; 0: a separate store process holds the data
-    (Mooncake's "standalone-store" mode)."""
-    buffer_bytes: int = 64 * _MIB
-    """The client's local transfer buffer: one get or put moves at most this much."""
-    part_bytes: int = 16 * _MIB
-    """Objects larger than this are stored in parts of this size (a buffer holds one part of
-    each concurrent transfer: two reads and a write)."""
-    timeout_s: float = 5.0
-    """Bound on one get."""
-    retry_s: float = 5.0
-    """Reconnect interval while the store is unreachable."""
-    queue_bytes: int = 512 * _MIB
-    """Bound on the KV bytes waiting to be written; puts beyond it are dropped."""
-    read_queue: int = 4096
-    """Bound on the gets waiting for a reader; gets beyond it resolve to `None` at once."""
 
 
 @dataclass
@@ -166,7 +138,7 @@ def _reachable(address: str, timeout_s: float) -> bool:
 class RemoteStore:
     """A Mooncake Store client with background connection, reads and writes (see the module)."""
 
-    def __init__(self, config: RemoteStoreConfig, *, local_hostname: str = "127.0.0.1") -> None:
+    def __init__(self, config: RemoteConfig, *, local_hostname: str = "127.0.0.1") -> None:
         self.config = config
         self._hostname = local_hostname
         self._lock = threading.Lock()

@@ -1,0 +1,58 @@
+"""ChunkCacheStats: the chunk cache's counters, with the Prometheus help text of each, and the
+workers' remote-store counters they sum (`metrics.py` reports them)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+REMOTE_COUNTERS = {
+    "remote_bytes_read": "bytes_read",
+    "remote_bytes_written": "bytes_written",
+    "remote_errors": "errors",
+    "remote_corrupt": "corrupt",
+    "remote_write_drops": "put_drops",
+}
+"""`ChunkCacheStats` field → the `RemoteStore.stats` counter of every worker it sums."""
+
+
+def _counter(doc: str) -> int:
+    """A `ChunkCacheStats` counter: starts at 0; `doc` is also its Prometheus help text."""
+    return field(default=0, metadata={"doc": doc})
+
+
+@dataclass
+class ChunkCacheStats:
+    """Running totals since the engine started. Every field is a counter that the stats log,
+    Prometheus (`vllm:chunk_cache_<field>_total`) and the Python API report (`metrics`)."""
+
+    hits: int = _counter("Chunk occurrences found resident in the device pool when a request was planned.")
+    misses: int = _counter(
+        "Chunk occurrences in no tier (computed, or joined a prefill or a remote read in flight)."
+    )
+    hit_tokens: int = _counter("Tokens of the chunk hits in the device pool (loaded instead of computed).")
+    miss_tokens: int = _counter("Tokens of the chunk misses.")
+    inflight_joins: int = _counter("Misses served by a prefill or remote read another request had started.")
+    evictions: int = _counter("Pool entries evicted (least recently used first).")
+    chunk_prefills: int = _counter("Chunk prefills run to compute missing chunks (SYS + chunk).")
+    host_hits: int = _counter("Chunk occurrences copied back from the host-memory tier.")
+    host_hit_tokens: int = _counter("Tokens of the host-tier hits.")
+    remote_hits: int = _counter("Chunk occurrences read from the remote store.")
+    remote_hit_tokens: int = _counter("Tokens of the remote-store hits.")
+    host_bytes_written: int = _counter("Bytes copied from the device pool into the host-memory tier.")
+    host_bytes_read: int = _counter("Bytes copied from the host-memory tier back into the device pool.")
+    host_evictions: int = _counter("Host-tier entries evicted (least recently used first).")
+    remote_reads: int = _counter("Entries (SYS or chunk) asked of the remote store.")
+    remote_read_failures: int = _counter(
+        "Remote reads that brought nothing (absent, corrupt, foreign, store down or slow)."
+    )
+    remote_bytes_read: int = _counter("Bytes of objects read from the remote store (every worker).")
+    remote_bytes_written: int = _counter("Bytes of objects written to the remote store (every worker).")
+    remote_errors: int = _counter("Remote store operations that failed (every worker; timeouts are misses).")
+    remote_corrupt: int = _counter("Remote objects refused: corrupt, truncated or foreign (every worker).")
+    remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
+
+    def sum_remote_counters(self, workers: Collection[Mapping[str, int]]) -> None:
+        """Set the remote counters to their totals over the workers' latest `RemoteStore.stats`."""
+        for field_name, counter in REMOTE_COUNTERS.items():
+            setattr(self, field_name, sum(c.get(counter, 0) for c in workers))
