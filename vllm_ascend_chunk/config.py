@@ -50,19 +50,19 @@ def bool_word(value: str) -> bool | None:
     return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
 
 
-def recovery_documents(value: str) -> int | None:
+def recovery_docs_of(mode: str) -> int | None:
     """Documents a recovery mode computes with the question (`none` 0, `last` 1, `last:K` K), or
-    None if `value` names no mode."""
-    word = value.strip().lower()
+    None if `mode` names no mode."""
+    word = mode.strip().lower()
     if word in ("none", "last"):
         return int(word == "last")
     head, _, k = word.partition(":")
     return int(k) if head == "last" and k.isdecimal() and int(k) >= 1 else None
 
 
-def recovery_name(docs: int) -> str:
-    """The recovery mode that computes `docs` documents with the question."""
-    return "none" if docs == 0 else "last" if docs == 1 else f"last:{docs}"
+def recovery_name(recovery_docs: int) -> str:
+    """The recovery mode that computes `recovery_docs` documents with the question."""
+    return "none" if recovery_docs == 0 else "last" if recovery_docs == 1 else f"last:{recovery_docs}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +206,7 @@ SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_RECOVERY",
         "recovery_docs",
-        Kind(lambda text: _named(recovery_documents(text)), RECOVERY_ACCEPTED),
+        Kind(lambda text: _named(recovery_docs_of(text)), RECOVERY_ACCEPTED),
         "none",
         "the last (K) documents are computed with the question; per request: "
         "`chunk_cache_recovery` ([prompts](docs/prompts.md))",
@@ -367,14 +367,14 @@ class ChunkCacheConfig:
     """Documents at the end of a request computed with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
     host_gb: float = _default("host_gb")
     """Host memory for entries evicted from the device pool (0: no host tier)."""
-    remote: RemoteConfig | None = None
+    remote_config: RemoteConfig | None = None
     """The shared Mooncake Store tier (None: off)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
         """The configuration `env` (default: `os.environ`) sets."""
         env = os.environ if env is None else env
-        return cls(**{v.field: v.read(env) for v in SETTINGS}, remote=RemoteConfig.from_env(env))
+        return cls(**{v.field: v.read(env) for v in SETTINGS}, remote_config=RemoteConfig.from_env(env))
 
     def pool_setting(self) -> str:
         """How the pool's size is chosen, in the words of the settings."""
@@ -387,11 +387,12 @@ class ChunkCacheConfig:
         if not self.enabled:
             return "Chunk Cache disabled (VLLM_ENABLE_CHUNK_CACHE=false): vLLM behaves as unpatched"
         pool = "auto" if self.size_gb is None else f"{self.size_gb:g} GiB"
+        store = self.remote_config.describe() if self.remote_config else "off"
         return (
             f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
             f"pool={pool} lru_threshold={self.lru_threshold:g} "
             f"hash={self.hash_algorithm} recovery={recovery_name(self.recovery_docs)} "
-            f"host={self.host_gb:g} GiB remote={self.remote.describe() if self.remote else 'off'}"
+            f"host={self.host_gb:g} GiB remote={store}"
         )
 
 

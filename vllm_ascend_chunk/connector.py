@@ -5,7 +5,7 @@ chunks are in the pool, then reports their chunk region as externally computed a
 loads; the worker role owns the pool and executes each step's operations. The connector is
 configured automatically (`engine_config.configure`): alone, or, when the user configures other
 KV connectors, as the first child of `ChunkCacheMultiConnector` (vLLM's `MultiConnector` with one
-routing rule, below). `chunk_cache_of` finds it in either.
+routing rule, below). `chunk_connector_of` finds it in either.
 
 The scheduler role is the one way into the chunk cache's scheduler side: vLLM's scheduler calls
 its KV-connector methods, and `ChunkCacheScheduler` calls the few more it needs (planning chunk
@@ -58,9 +58,9 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             block_size = _single_group(kv_cache_config).kv_cache_spec.block_size
             priority = vllm_config.scheduler_config.policy == "priority"
-            remote = get_config().remote is not None
+            has_remote = get_config().remote_config is not None
             self.coordinator = ChunkCacheCoordinator(
-                geometry, block_size, priority_order=priority, remote=remote
+                geometry, block_size, priority_order=priority, has_remote=has_remote
             )
         else:
             self.chunk_worker = ChunkCacheWorker(vllm_config, geometry)
@@ -180,32 +180,32 @@ class ChunkCacheMultiConnector(MultiConnector):
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        chunk_cache = self._connectors[0]
-        assert isinstance(chunk_cache, ChunkCacheConnector), "the chunk cache is the first child"
-        self.chunk_cache: ChunkCacheConnector = chunk_cache
+        chunk_connector = self._connectors[0]
+        assert isinstance(chunk_connector, ChunkCacheConnector), "the chunk cache is the first child"
+        self.chunk_connector: ChunkCacheConnector = chunk_connector
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        if self.chunk_cache.owns(request):
-            return self.chunk_cache.get_num_new_matched_tokens(request, num_computed_tokens)
+        if self.chunk_connector.owns(request):
+            return self.chunk_connector.get_num_new_matched_tokens(request, num_computed_tokens)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
-        if not self.chunk_cache.owns(request):
+        if not self.chunk_connector.owns(request):
             super().update_state_after_alloc(request, blocks, num_external_tokens)
             return
-        self.chunk_cache.update_state_after_alloc(request, blocks, num_external_tokens)
+        self.chunk_connector.update_state_after_alloc(request, blocks, num_external_tokens)
         no_blocks = blocks.new_empty()
         for other in self._connectors[1:]:
             other.update_state_after_alloc(request, no_blocks, 0)
 
 
-def chunk_cache_of(connector: KVConnectorBase_V1 | None) -> ChunkCacheConnector | None:
+def chunk_connector_of(connector: KVConnectorBase_V1 | None) -> ChunkCacheConnector | None:
     """The chunk cache in an engine's KV connector (the scheduler's `connector`, a worker's KV
     transfer group): the connector itself or the first child of `ChunkCacheMultiConnector`."""
     if isinstance(connector, ChunkCacheMultiConnector):
-        return connector.chunk_cache
+        return connector.chunk_connector
     return connector if isinstance(connector, ChunkCacheConnector) else None
 
 

@@ -3,7 +3,7 @@
 `configure` runs at the end of vLLM's config post-init (patch `vllm.config.vllm`): users start
 plain `vllm serve MODEL` and the connector, the scheduler class and the V1 model runner are
 selected here. KV connectors the user configures (`--kv-transfer-config`: vLLM's
-`MultiConnector`, or one connector) are kept next to the chunk cache (`_with_chunk_cache`).
+`MultiConnector`, or one connector) are kept next to the chunk cache (`_with_chunk_connector`).
 Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE, and models whose
 KV cache is not one group of full-attention layers: Mamba, hybrid, sliding-window) run
 unpatched, with a warning; settings that conflict with it are refused with a clear error.
@@ -56,7 +56,7 @@ def configure(vllm_config) -> None:
     _refuse_conflicts(vllm_config)
     _fall_back_to_overlap(model)
     _decide_hma_for_the_users_connectors(vllm_config)
-    vllm_config.kv_transfer_config = _with_chunk_cache(vllm_config.kv_transfer_config)
+    vllm_config.kv_transfer_config = _with_chunk_connector(vllm_config.kv_transfer_config)
     sched = vllm_config.scheduler_config
     sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
@@ -133,7 +133,7 @@ def _decide_hma_for_the_users_connectors(vllm_config) -> None:
         )
 
 
-def _with_chunk_cache(kv):
+def _with_chunk_connector(kv):
     """The engine's `KVTransferConfig` with the chunk cache: `ChunkCacheConnector` alone, or the
     first child of `ChunkCacheMultiConnector` next to the user's connectors. Idempotent."""
     from vllm.config import KVTransferConfig
@@ -148,7 +148,7 @@ def _with_chunk_cache(kv):
     # What vLLM reads from the engine's config (not a child's) stays as the user set it: a
     # MultiConnector's own settings, or the one wrapped connector's (also in its child).
     extra = {k: v for k, v in kv.kv_connector_extra_config.items() if k != "connectors"}
-    chunk_cache = {
+    chunk_child = {
         "kv_connector": CONNECTOR,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": "kv_both",
@@ -161,7 +161,7 @@ def _with_chunk_cache(kv):
         kv,
         kv_connector=MULTI_CONNECTOR,
         kv_connector_module_path=CONNECTOR_MODULE,
-        kv_connector_extra_config={**extra, "connectors": [chunk_cache, *children]},
+        kv_connector_extra_config={**extra, "connectors": [chunk_child, *children]},
     )
 
 

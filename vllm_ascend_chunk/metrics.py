@@ -60,7 +60,7 @@ def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None =
         pinned_entries=manager.pinned_entries,
         host_usage_ratio=host.usage_ratio if host is not None else 0.0,
         host_entries=len(host.entries) if host is not None else 0,
-        remote_up=int(manager.remote),
+        remote_up=int(manager.remote_reachable),
     )
     return data
 

@@ -2,7 +2,7 @@
 
 The worker side's vLLM adapter, beside the connector (the logic is in `worker/`). The hooks find
 this worker's chunk cache the way vLLM's runner finds its KV connector (the KV transfer group, in
-which `connector.chunk_cache_of` finds it), and hand it what it needs as explicit values.
+which `connector.chunk_connector_of` finds it), and hand it what it needs as explicit values.
 `prepare_step` reads the step metadata from the scheduler output: positions are prepared before
 vLLM binds the metadata to the connector (around the forward), where `start_load_kv` and
 `wait_for_save` read it.
@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 def _chunk_worker() -> ChunkCacheWorker | None:
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    from vllm_ascend_chunk.connector import chunk_cache_of
+    from vllm_ascend_chunk.connector import chunk_connector_of
 
-    chunk_cache = chunk_cache_of(get_kv_transfer_group() if has_kv_transfer_group() else None)
-    return chunk_cache.chunk_worker if chunk_cache is not None else None
+    connector = chunk_connector_of(get_kv_transfer_group() if has_kv_transfer_group() else None)
+    return connector.chunk_worker if connector is not None else None
 
 
 def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> None:

@@ -18,7 +18,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from vllm_ascend_chunk.connector import chunk_cache_of
+from vllm_ascend_chunk.connector import chunk_connector_of
 from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill
 
 if TYPE_CHECKING:
@@ -31,21 +31,21 @@ class _ChunkCacheSchedulerMixin:
     connector: KVConnectorBase_V1
     """Set by vLLM's scheduler; `engine_config.configure` makes it the chunk cache or a
     `ChunkCacheMultiConnector` holding it."""
-    chunk_cache: ChunkCacheConnector
+    chunk_connector: ChunkCacheConnector
     """The chunk cache's connector (scheduler role), found in `connector`."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        chunk_cache = chunk_cache_of(self.connector)
-        assert chunk_cache is not None, "engine_config.configure sets the chunk cache's connector"
-        self.chunk_cache = chunk_cache
+        chunk_connector = chunk_connector_of(self.connector)
+        assert chunk_connector is not None, "engine_config.configure sets the chunk cache's connector"
+        self.chunk_connector = chunk_connector
         hash_block_size = kwargs.get("hash_block_size") or self.block_size
         self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
         )
 
     def schedule(self):
-        for prefill in self.chunk_cache.plan():
+        for prefill in self.chunk_connector.plan():
             self.add_request(self._prefill_request(prefill))
         return super().schedule()
 
@@ -69,7 +69,7 @@ class _ChunkCacheSchedulerMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if hidden := self.chunk_cache.take_prefill_ids_to_hide():
+        if hidden := self.chunk_connector.take_prefill_ids_to_hide():
             for eco in outputs.values():
                 eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
                 if eco.finished_requests:
@@ -84,22 +84,22 @@ class _ChunkCacheSchedulerMixin:
             if eco.scheduler_stats is None or (payload := self._payload(eco.scheduler_stats)) is None:
                 continue
             if eco.outputs:
-                self.chunk_cache.stats_delivered(payload)
-            elif self.connector is self.chunk_cache:
+                self.chunk_connector.stats_delivered(payload)
+            elif self.connector is self.chunk_connector:
                 eco.scheduler_stats.kv_connector_stats = None
             else:
-                del eco.scheduler_stats.kv_connector_stats[type(self.chunk_cache).__name__]
+                del eco.scheduler_stats.kv_connector_stats[type(self.chunk_connector).__name__]
 
     def _payload(self, stats) -> dict | None:
         """The chunk cache payload in `stats` (`make_stats` put it there), or None."""
         data = stats.kv_connector_stats
-        if self.connector is self.chunk_cache or not data:
+        if self.connector is self.chunk_connector or not data:
             return data
-        return data.get(type(self.chunk_cache).__name__, {}).get("data")
+        return data.get(type(self.chunk_connector).__name__, {}).get("data")
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)
-        self.chunk_cache.on_preempted(request)
+        self.chunk_connector.on_preempted(request)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         """vLLM's reset; the chunk pool is always dropped with it (stale document KV, e.g. after
@@ -107,7 +107,7 @@ class _ChunkCacheSchedulerMixin:
         connectors' stores are reset only then, as vLLM does)."""
         reset = super().reset_prefix_cache(reset_running_requests, reset_connector)
         if not reset_connector:
-            self.chunk_cache.reset_cache()
+            self.chunk_connector.reset_cache()
         return reset
 
     def make_stats(self, *args, **kwargs):
@@ -117,11 +117,11 @@ class _ChunkCacheSchedulerMixin:
         stats = super().make_stats(*args, **kwargs)
         if stats is None:
             return stats
-        payload = self.chunk_cache.stats_payload()
-        if self.connector is self.chunk_cache:
+        payload = self.chunk_connector.stats_payload()
+        if self.connector is self.chunk_connector:
             stats.kv_connector_stats = payload
         else:
-            name = type(self.chunk_cache).__name__
+            name = type(self.chunk_connector).__name__
             stats.kv_connector_stats = {**(stats.kv_connector_stats or {}), name: {"data": payload}}
         return stats
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 
 def chunk_state(llm) -> dict | None:
-    connector = getattr(llm.llm_engine.engine_core.engine_core.scheduler, "chunk_cache", None)
+    connector = getattr(llm.llm_engine.engine_core.engine_core.scheduler, "chunk_connector", None)
     if connector is None:
         return None
     coordinator = connector.coordinator

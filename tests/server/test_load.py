@@ -40,7 +40,7 @@ def valid(prompt: str, max_tokens: int, chat: bool) -> bool:
     if chat:
         return True
     try:
-        ChunkParser().parse(prompt)
+        ChunkParser().split(prompt)
     except ChunkPromptError:
         return False
     return True

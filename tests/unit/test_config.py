@@ -74,20 +74,20 @@ def test_invalid_values_name_the_variable_and_accepted_values(name, value, accep
 
 
 def test_remote_settings_that_are_valid_are_kept():
-    remote = ChunkCacheConfig.from_env(
+    remote_config = ChunkCacheConfig.from_env(
         {
             "VLLM_CHUNK_CACHE_REMOTE_MASTER": "10.0.0.1:50051",
             "VLLM_CHUNK_CACHE_REMOTE_METADATA": "etcd://10.0.0.2:2379",
             "VLLM_CHUNK_CACHE_REMOTE_PROTOCOL": "RDMA",
             "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S": "0.5",
         }
-    ).remote
-    assert (remote.metadata_server, remote.protocol, remote.timeout_s) == (
+    ).remote_config
+    assert (remote_config.metadata_server, remote_config.protocol, remote_config.timeout_s) == (
         "etcd://10.0.0.2:2379",
         "rdma",
         0.5,
     )
-    default = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_REMOTE_MASTER": "store:50051"}).remote
+    default = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_REMOTE_MASTER": "store:50051"}).remote_config
     assert default.metadata_server == "http://store:8080/metadata"
 
 

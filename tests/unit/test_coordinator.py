@@ -110,7 +110,7 @@ def user_request(
 
 
 def coordinator(
-    num_pages: int, priority: bool = False, host_pages: int = 0, remote: bool = False
+    num_pages: int, priority: bool = False, host_pages: int = 0, has_remote: bool = False
 ) -> ChunkCacheCoordinator:
     geometry = PoolGeometry(
         num_layers=1,
@@ -121,7 +121,7 @@ def coordinator(
         page_size=PAGE,
         num_host_pages=host_pages,
     )
-    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority, remote=remote)
+    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority, has_remote=has_remote)
 
 
 def prefill_request(prefill: ChunkPrefill) -> FakeRequest:
@@ -361,10 +361,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         num_pages=st.integers(min_value=8, max_value=20),
         priority=st.booleans(),
         host_pages=st.sampled_from([0, 0, 3, 6, 12]),
-        remote=st.booleans(),
+        has_remote=st.booleans(),
     )
-    def start(self, num_pages: int, priority: bool, host_pages: int, remote: bool) -> None:
-        self.coord = coordinator(num_pages, priority, host_pages, remote)
+    def start(self, num_pages: int, priority: bool, host_pages: int, has_remote: bool) -> None:
+        self.coord = coordinator(num_pages, priority, host_pages, has_remote)
 
     @rule(
         docs=st.lists(st.sampled_from(sorted(DOCS)), min_size=1, max_size=4),
@@ -414,7 +414,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self._read_remote(
             meta,
             arrives=lambda: data.draw(st.sampled_from([True, True, False])),
-            up=data.draw(st.sampled_from([True, True, True, False])) if coord.remote else None,
+            up=data.draw(st.sampled_from([True, True, True, False])) if coord.has_remote else None,
         )
         for prefill in ran:
             self.prefills_todo.pop(prefill.request_id)
@@ -547,7 +547,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             self._move(meta)
             self._save(meta, prefills)
             self._write_remote(meta)
-            self._read_remote(meta, arrives=lambda: True, up=True if self.coord.remote else None)
+            self._read_remote(meta, arrives=lambda: True, up=True if self.coord.has_remote else None)
             for prefill in prefills:
                 self.coord.request_finished(
                     FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1)

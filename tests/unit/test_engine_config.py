@@ -243,7 +243,7 @@ def test_a_multi_connector_gets_the_chunk_cache_as_its_first_child(models_dir):
     assert engine_config.is_active(vllm_config)
     assert KVConnectorFactory.get_connector_class(kv) is ChunkCacheMultiConnector
     assert kv.kv_connector_extra_config["connectors"] == [CHUNK_CHILD, OFFLOADING, MOONCAKE]
-    assert engine_config._with_chunk_cache(kv) is kv  # configured once, whatever re-runs it
+    assert engine_config._with_chunk_connector(kv) is kv  # configured once, whatever re-runs it
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False  # all SupportsHMA
 
 
@@ -252,8 +252,8 @@ def test_a_single_connector_is_wrapped_with_all_its_settings(models_dir):
         models_dir / "tiny-llama", kv_transfer_config={**OFFLOADING, "kv_port": 4242}
     )
     kv = vllm_config.kv_transfer_config
-    chunk_cache, offloading = kv.kv_connector_extra_config["connectors"]
-    assert (kv.kv_connector, chunk_cache) == ("ChunkCacheMultiConnector", CHUNK_CHILD)
+    chunk_child, offloading = kv.kv_connector_extra_config["connectors"]
+    assert (kv.kv_connector, chunk_child) == ("ChunkCacheMultiConnector", CHUNK_CHILD)
     assert offloading == {**offloading, **OFFLOADING, "kv_port": 4242}
     assert "engine_id" not in offloading  # MultiConnector gives every child the engine's
 

@@ -115,9 +115,9 @@ def test_discard_of_a_dropped_pending_entry_frees_it_once():
 def test_entry_states_follow_the_documented_transitions():
     """`EntryState`: computed, evicted; dropped while computing, fetching or pinned; discarded."""
     m = make(num_pages=8)
-    m.remote = True
+    m.remote_reachable = True
     fetching = m.acquire([(b"f", 4)], chunk_keys={b"f"}).entries[0]
-    m.remote = False
+    m.remote_reachable = False
     computing, pinned, idle, lost = (m.acquire([(k, 4)], chunk_keys={k}).entries[0] for k in b"cpil")
     assert (fetching.state, computing.state) == (EntryState.FETCHING, EntryState.COMPUTING)
     for entry in (pinned, idle):
@@ -218,7 +218,7 @@ def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
 
 def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read_ends():
     m = make()
-    m.remote = True
+    m.remote_reachable = True
     got = m.acquire([(b"s", 2), (b"a", 4)], chunk_keys={b"a"})
     assert got.created == [] and got.fetches == got.entries and all(e.fetching for e in got.entries)
     joined = m.acquire([(b"a", 4)], chunk_keys={b"a"})
@@ -231,7 +231,7 @@ def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read
 
 def test_a_failed_read_nobody_holds_any_more_frees_its_pages():
     m = make()
-    m.remote = True
+    m.remote_reachable = True
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})
     m.release(got.entries)
     assert not m.fetched(got.entries[0], False) and m.entries == {} and m.used_pages == 0

@@ -79,16 +79,16 @@ def test_a_bad_value_in_extra_args_is_refused_before_rendering() -> None:
 
 
 @pytest.mark.parametrize(
-    ("extra_args", "wanted"),
-    [(None, True), ({"x": 1}, True), ({opt_out.KEY: "off"}, False), ({opt_out.KEY: "on"}, True)],
+    ("extra_args", "off"),
+    [(None, False), ({"x": 1}, False), ({opt_out.KEY: "off"}, True), ({opt_out.KEY: "on"}, False)],
 )
-def test_the_choice_reaches_the_renderers_tokenize_params(extra_args: dict | None, wanted: bool) -> None:
+def test_the_choice_reaches_the_renderers_tokenize_params(extra_args: dict | None, off: bool) -> None:
     """Offline path: `extra_args` → tokenization kwargs → `TokenizeParams.with_kwargs` (patch
-    0016) → `requested`."""
+    0016) → `opted_out`."""
     base = TokenizeParams(max_total_tokens=None)
-    assert opt_out.requested(base) is True
+    assert opt_out.opted_out(base) is False
     kwargs = opt_out.tokenization_kwargs(None, SamplingParams(extra_args=extra_args))
-    assert opt_out.requested(base.with_kwargs(**(kwargs or {}))) is wanted
+    assert opt_out.opted_out(base.with_kwargs(**(kwargs or {}))) is off
 
 
 def test_tokenize_params_refuse_a_bad_kwarg() -> None:
@@ -96,6 +96,6 @@ def test_tokenize_params_refuse_a_bad_kwarg() -> None:
         TokenizeParams(max_total_tokens=None).with_kwargs(**{opt_out.KEY: "maybe"})
 
 
-def test_params_without_the_field_want_the_chunk_cache() -> None:
+def test_params_without_the_field_did_not_opt_out() -> None:
     """E.g. `TokenizeParams` built by code that predates the field."""
-    assert opt_out.requested(object()) is True
+    assert opt_out.opted_out(object()) is False

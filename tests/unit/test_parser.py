@@ -14,42 +14,42 @@ PARSER = ChunkParser()
 
 
 def test_basic_shape():
-    p = PARSER.parse("SYS text # # doc one # # doc two # # the question?")
+    p = PARSER.split("SYS text # # doc one # # doc two # # the question?")
     assert (p.system, p.chunks, p.question) == ("SYS text", ["doc one", "doc two"], "the question?")
 
 
 def test_unicode_whitespace_around_delimiters_is_eaten():
-    p = PARSER.parse("sys\u3000\u00a0# #\n\tdoc\u2003# #  q  ")
+    p = PARSER.split("sys\u3000\u00a0# #\n\tdoc\u2003# #  q  ")
     assert (p.system, p.chunks, p.question) == ("sys", ["doc"], "q  ")
 
 
 @pytest.mark.parametrize("text", ["plain prompt", "one # # delimiter only", "", "# #", "#  # spaced"])
 def test_fewer_than_two_delimiters_is_an_ordinary_prompt(text):
-    assert PARSER.parse(text) is None
+    assert PARSER.split(text) is None
 
 
 def test_empty_chunks_are_dropped():
-    p = PARSER.parse("sys # # # # a # #   # # b # # q")
+    p = PARSER.split("sys # # # # a # #   # # b # # q")
     assert p.chunks == ["a", "b"]
-    assert PARSER.parse("sys # # # # q").chunks == []
+    assert PARSER.split("sys # # # # q").chunks == []
 
 
 @pytest.mark.parametrize("text", ["sys # # doc # #", "sys # # doc # #   \n", "# # # #", "# # # # # #"])
 def test_empty_question_is_a_clear_error(text):
     with pytest.raises(ChunkPromptError, match="empty question"):
-        PARSER.parse(text)
+        PARSER.split(text)
 
 
 def test_empty_system_is_allowed():
-    p = PARSER.parse("# # doc # # q")
+    p = PARSER.split("# # doc # # q")
     assert (p.system, p.chunks, p.question) == ("", ["doc"], "q")
 
 
 def test_configurable_delimiter_is_literal():
     parser = ChunkParser("[DOC]")
-    p = parser.parse("s [DOC] a.b [DOC] q")
+    p = parser.split("s [DOC] a.b [DOC] q")
     assert (p.system, p.chunks, p.question) == ("s", ["a.b"], "q")
-    assert parser.parse("s # # a # # q") is None
+    assert parser.split("s # # a # # q") is None
     with pytest.raises(ValueError):
         ChunkParser("  ")
 
@@ -66,7 +66,7 @@ def test_properties_on_random_texts(pieces, delimiter):
     sep = re.compile(r"(?:\s*" + re.escape(delimiter) + r"\s*)+")
     n_delimiters = len(re.findall(r"\s*" + re.escape(delimiter) + r"\s*", text))
     try:
-        p = parser.parse(text)
+        p = parser.split(text)
     except ChunkPromptError:  # only when nothing but whitespace follows the last delimiter
         assert n_delimiters >= 2 and re.search(re.escape(delimiter) + r"\s*$", text)
         return
@@ -89,5 +89,5 @@ def test_properties_on_random_texts(pieces, delimiter):
 
 def test_lone_surrogates_are_a_clear_error():
     with pytest.raises(ChunkPromptError, match=r"not valid Unicode: '\\ud800' at character 9"):
-        PARSER.parse("sys # # a\ud800b # # q")
-    assert PARSER.parse("plain \udfff prompt") is None  # ordinary prompts are left to vLLM
+        PARSER.split("sys # # a\ud800b # # q")
+    assert PARSER.split("plain \udfff prompt") is None  # ordinary prompts are left to vLLM

@@ -23,20 +23,20 @@ def server_mode(chunk_env):
 
 def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
     server_mode(None)
-    assert recovery.requested(Params()) == 0
-    assert recovery.requested(Params({"chunk_cache": False})) == 0
+    assert recovery.requested_recovery_docs(Params()) == 0
+    assert recovery.requested_recovery_docs(Params({"chunk_cache": False})) == 0
     server_mode("LAST")
-    assert recovery.requested(None) == 1
-    assert recovery.requested(Params({"chunk_cache_recovery": " None "})) == 0
+    assert recovery.requested_recovery_docs(None) == 1
+    assert recovery.requested_recovery_docs(Params({"chunk_cache_recovery": " None "})) == 0
     server_mode("none")
-    assert recovery.requested(Params({"chunk_cache_recovery": "last"})) == 1
-    assert recovery.requested(Params({"chunk_cache_recovery": "last:2"})) == 2
+    assert recovery.requested_recovery_docs(Params({"chunk_cache_recovery": "last"})) == 1
+    assert recovery.requested_recovery_docs(Params({"chunk_cache_recovery": "last:2"})) == 2
 
 
 @pytest.mark.parametrize("value", ["first", "", 1, None, True, ["last"], "last:0", "last:x", "last:"])
 def test_a_bad_request_mode_names_the_key_and_the_choices(value):
     with pytest.raises(ChunkPromptError, match=r"'chunk_cache_recovery' must be none, last \(= last:1\)"):
-        recovery.requested(Params({"chunk_cache_recovery": value}))
+        recovery.requested_recovery_docs(Params({"chunk_cache_recovery": value}))
 
 
 def test_the_last_documents_join_the_question():

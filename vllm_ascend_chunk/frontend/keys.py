@@ -97,7 +97,8 @@ def chunk_cache_info(
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
     if not is_active(vllm_config):
         return None
-    recovered = recovery.requested(params)  # checked on ordinary prompts too: a typo is a 400
+    # Checked on ordinary prompts too: a typo is a 400.
+    recovery_docs = recovery.requested_recovery_docs(params)
     spans = engine_input.get(SPANS_KEY)
     if spans is None:
         return None
@@ -113,7 +114,7 @@ def chunk_cache_info(
         or len(token_ids) != spans.num_tokens
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
-    spans = recovery.apply(spans, recovered)
+    spans = recovery.apply(spans, recovery_docs)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     info = with_keys(spans, token_ids, identity, hash_fn())
     check_fits(info, pool_geometry(vllm_config))

@@ -43,6 +43,6 @@ def tokenization_kwargs(kwargs: dict[str, Any] | None, params: object) -> dict[s
     return {**(kwargs or {}), KEY: from_extra(extra)}
 
 
-def requested(tok_params: object) -> bool:
-    """Whether the request behind these `TokenizeParams` wants its prompt chunked."""
-    return getattr(tok_params, KEY, True)
+def opted_out(tok_params: object) -> bool:
+    """Whether the request behind these `TokenizeParams` opted out (its prompt is not chunked)."""
+    return not getattr(tok_params, KEY, True)

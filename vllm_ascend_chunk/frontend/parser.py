@@ -44,7 +44,7 @@ class ChunkParser:
     """Splits prompt text on `\\s*<delimiter>\\s*` (Unicode whitespace).
 
     Part 0 is SYSTEM, the last part is QUESTION, the parts between are chunks. Fewer than two
-    delimiters: not a chunked prompt (`parse` returns None). Empty chunks are dropped. An empty
+    delimiters: not a chunked prompt (`split` returns None). Empty chunks are dropped. An empty
     QUESTION or text that is not valid Unicode (lone surrogates) raises `ChunkPromptError`.
     """
 
@@ -54,7 +54,7 @@ class ChunkParser:
         self.delimiter = delimiter
         self.pattern = re.compile(r"\s*" + re.escape(delimiter) + r"\s*")
 
-    def parse(self, text: str) -> ParsedPrompt | None:
+    def split(self, text: str) -> ParsedPrompt | None:
         bounds = [m.span() for m in self.pattern.finditer(text)]
         if len(bounds) < 2:
             return None

@@ -17,34 +17,35 @@ from __future__ import annotations
 
 import msgspec
 
-from vllm_ascend_chunk.config import RECOVERY_ACCEPTED, get_config, recovery_documents
+from vllm_ascend_chunk.config import RECOVERY_ACCEPTED, get_config, recovery_docs_of
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.metadata import ChunkSpans
 
-KEY = "chunk_cache_recovery"
+RECOVERY_KEY = "chunk_cache_recovery"
 """Name of the per-request choice in `vllm_xargs` and `SamplingParams.extra_args`."""
 
 
-def requested(params: object) -> int:
+def requested_recovery_docs(params: object) -> int:
     """How many documents at the end of a request are computed with its question: its
     `chunk_cache_recovery`, else the server's `VLLM_CHUNK_CACHE_RECOVERY`."""
     extra = getattr(params, "extra_args", None)
-    if not extra or KEY not in extra:
+    if not extra or RECOVERY_KEY not in extra:
         return get_config().recovery_docs
-    value = extra[KEY]
-    docs = recovery_documents(value) if isinstance(value, str) else None
-    if docs is None:
-        raise ChunkPromptError(f"'{KEY}' must be {RECOVERY_ACCEPTED}; got {value!r}")
-    return docs
+    value = extra[RECOVERY_KEY]
+    recovery_docs = recovery_docs_of(value) if isinstance(value, str) else None
+    if recovery_docs is None:
+        raise ChunkPromptError(f"'{RECOVERY_KEY}' must be {RECOVERY_ACCEPTED}; got {value!r}")
+    return recovery_docs
 
 
-def apply(spans: ChunkSpans, docs: int) -> ChunkSpans:
-    """The spans the request is served with when its last `docs` documents join the question."""
-    docs = min(docs, spans.num_chunks)
-    if docs == 0:
+def apply(spans: ChunkSpans, recovery_docs: int) -> ChunkSpans:
+    """The spans the request is served with when its last `recovery_docs` documents join the
+    question."""
+    recovery_docs = min(recovery_docs, spans.num_chunks)
+    if recovery_docs == 0:
         return spans
     return msgspec.structs.replace(
         spans,
-        chunk_lens=spans.chunk_lens[:-docs],
-        question_len=sum(spans.chunk_lens[-docs:]) + spans.question_len,
+        chunk_lens=spans.chunk_lens[:-recovery_docs],
+        question_len=sum(spans.chunk_lens[-recovery_docs:]) + spans.question_len,
     )

@@ -29,7 +29,7 @@ from typing import Any
 
 from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY as KEY
+from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
 
 
 def as_xargs_text(data: Any) -> Any:
@@ -38,9 +38,9 @@ def as_xargs_text(data: Any) -> Any:
     if not isinstance(data, Mapping):
         return data
     xargs = data.get("vllm_xargs")
-    if not isinstance(xargs, Mapping) or not isinstance(xargs.get(KEY), Mapping | list):
+    if not isinstance(xargs, Mapping) or not isinstance(xargs.get(SPANS_KEY), Mapping | list):
         return data
-    return {**data, "vllm_xargs": {**xargs, KEY: json.dumps(xargs[KEY])}}
+    return {**data, "vllm_xargs": {**xargs, SPANS_KEY: json.dumps(xargs[SPANS_KEY])}}
 
 
 def _decoded(value: object) -> object:
@@ -84,11 +84,11 @@ def from_xargs(
     (`[ids...]` or `[[ids...]]`). Their shape and lengths are checked by the renderer against
     the prompt's ids, as an offline prompt's `chunk_spans` are.
     """
-    if not xargs or KEY not in xargs or not opt_out.from_extra(xargs):
+    if not xargs or SPANS_KEY not in xargs or not opt_out.from_extra(xargs):
         return None
     if (other := _not_one_token_prompt(prompt, prompt_embeds)) is not None:
         raise ChunkPromptError(
-            f"'{KEY}' in vllm_xargs needs exactly one token-id prompt (\"prompt\": [ids...]); "
+            f"'{SPANS_KEY}' in vllm_xargs needs exactly one token-id prompt (\"prompt\": [ids...]); "
             f"this request has {other}"
         )
-    return _decoded(xargs[KEY])
+    return _decoded(xargs[SPANS_KEY])

@@ -28,15 +28,15 @@ SPANS_KEY = "chunk_spans"
 
 def chunking(vllm_config, params) -> bool:
     """Whether this engine runs the chunk cache and this request (`TokenizeParams`) did not opt out."""
-    return is_active(vllm_config) and opt_out.requested(params)
+    return is_active(vllm_config) and not opt_out.opted_out(params)
 
 
-def _parse(prompt: Mapping[str, Any], params, vllm_config) -> ParsedPrompt | None:
+def _split_text(prompt: Mapping[str, Any], params, vllm_config) -> ParsedPrompt | None:
     if getattr(params, SPANS_KEY, None) is not None:  # spans sent with the request (`request_spans`)
         raise ChunkPromptError(f"'{SPANS_KEY}' needs a token-id prompt; this request has a text prompt")
     if not chunking(vllm_config, params) or prompt.get("multi_modal_data"):
         return None
-    return parser_for(get_config().delimiter).parse(prompt["prompt"])
+    return parser_for(get_config().delimiter).split(prompt["prompt"])
 
 
 def _pieces(parsed: ParsedPrompt, add_special_tokens: bool) -> list[tuple[str, bool]]:
@@ -55,7 +55,7 @@ def _assemble(prompt: Mapping[str, Any], ids: list[list[int]]) -> dict[str, Any]
 
 def tokenize_chunked(tokenizer, prompt: Mapping[str, Any], params, vllm_config) -> dict[str, Any] | None:
     """The `TokensPrompt` of a chunked text prompt, or None for an ordinary prompt."""
-    parsed = _parse(prompt, params, vllm_config)
+    parsed = _split_text(prompt, params, vllm_config)
     if parsed is None:
         return None
     pieces = _pieces(parsed, params.add_special_tokens)
@@ -66,7 +66,7 @@ async def tokenize_chunked_async(
     async_tokenizer, prompt: Mapping[str, Any], params, vllm_config
 ) -> dict[str, Any] | None:
     """`tokenize_chunked` through vLLM's micro-batching async tokenizer."""
-    parsed = _parse(prompt, params, vllm_config)
+    parsed = _split_text(prompt, params, vllm_config)
     if parsed is None:
         return None
     encode: Callable[..., Awaitable[list[int]]] = async_tokenizer.encode

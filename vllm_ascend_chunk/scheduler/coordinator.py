@@ -117,7 +117,7 @@ class _Step:
 
 class ChunkCacheCoordinator:
     def __init__(
-        self, geometry: PoolGeometry, block_size: int, priority_order: bool = False, remote: bool = False
+        self, geometry: PoolGeometry, block_size: int, priority_order: bool = False, has_remote: bool = False
     ) -> None:
         config = get_config()
         self.geometry = geometry
@@ -132,9 +132,9 @@ class ChunkCacheCoordinator:
             host_pages=geometry.num_host_pages,
             token_bytes=geometry.bytes_per_token,
         )
-        self.remote = remote
+        self.has_remote = has_remote
         """A remote store is configured: computed entries are written to it, missing ones read."""
-        self.manager.remote = remote
+        self.manager.remote_reachable = has_remote
         self.reads: dict[int, Entry] = {}
         """Remote reads sent to the workers and not reported yet, by `RemoteRead.read_id`."""
         self._read_ids = itertools.count()
@@ -338,7 +338,7 @@ class ChunkCacheCoordinator:
                 if prefill.pool_rows[t] >= 0:
                     rows.append(prefill.pool_rows[t])
                     slots.append(slot_of(prefill.block_ids, self.block_size, t))
-            if self.remote and end == len(prefill.token_ids):
+            if self.has_remote and end == len(prefill.token_ids):
                 # An entry dropped by a reset may hold K/V of replaced weights: not shared.
                 writes += [RemoteWrite(e.key, self._rows(e)) for e in prefill.entries if not e.dropped]
         return rows, slots, writes
@@ -374,17 +374,17 @@ class ChunkCacheCoordinator:
         """The workers' report of a step: remote reads ended, the store's state and counters."""
         if report is None:
             return
-        if report.remote_up and self.remote:
+        if report.remote_up and self.has_remote:
             self.remote_up.update(report.remote_up)
             up = all(self.remote_up.values())
-            if up != self.manager.remote:
+            if up != self.manager.remote_reachable:
                 logger.info(
                     "Chunk Cache: remote store %s",
                     "reachable: missing entries are read from it again"
                     if up
                     else "unreachable: missing entries are computed until it is back",
                 )
-                self.manager.remote = up
+                self.manager.remote_reachable = up
         if report.remote_counters:
             self.remote_counters.update(report.remote_counters)
             self.manager.stats.sum_remote_counters(self.remote_counters.values())

@@ -143,7 +143,7 @@ class ChunkCacheManager(PageIndex[Entry]):
         self.host = HostIndex(host_pages, page_size) if host_pages else None
         self.token_bytes = token_bytes
         """Bytes of one token's K/V in every layer (for the byte counters)."""
-        self.remote = False
+        self.remote_reachable = False
         """Whether missing keys are asked of the remote store before they are computed."""
         self.moves = Moves()
 
@@ -292,7 +292,7 @@ class ChunkCacheManager(PageIndex[Entry]):
             self.stats.host_bytes_read += num_tokens * self.token_bytes
             entry.state = EntryState.RESIDENT
             return entry
-        if self.remote:
+        if self.remote_reachable:
             entry.state = EntryState.FETCHING
             self.stats.remote_reads += 1
             acquired.fetches.append(entry)

@@ -49,7 +49,7 @@ class ChunkCacheWorker:
         self.rotary: RotarySpec | None = None
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._model_bound = False
-        self.remote: RemoteTier | None = None
+        self.remote_tier: RemoteTier | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = self.vllm_config.compilation_config.static_forward_context
@@ -61,8 +61,8 @@ class ChunkCacheWorker:
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
         self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
-        if get_config().remote is not None:
-            self.remote = _connect_remote(self.vllm_config, self.geometry)
+        if get_config().remote_config is not None:
+            self.remote_tier = _connect_remote_tier(self.vllm_config, self.geometry)
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
@@ -108,7 +108,7 @@ class ChunkCacheWorker:
         if meta.host_read_from:
             self.pool.from_host(meta.host_read_from, meta.host_read_to)
         if meta.remote_reads:
-            self.remote.start_reads(meta.remote_reads)
+            self.remote_tier.start_reads(meta.remote_reads)
         if not meta.load_rows:
             return
         device = self.pool.kv.device
@@ -135,19 +135,19 @@ class ChunkCacheWorker:
                 torch.tensor(meta.save_rows, dtype=torch.int64, device=device),
                 torch.tensor(meta.save_slots, dtype=torch.int64, device=device),
             )
-        if meta.remote_writes and self.remote is not None:
-            self.remote.write(meta.remote_writes, self.pool)
+        if meta.remote_writes and self.remote_tier is not None:
+            self.remote_tier.write(meta.remote_writes, self.pool)
 
     def report(self) -> ChunkCacheWorkerMetadata | None:
         """The step's end: remote reads finished into the pool, and what the scheduler must know."""
-        return self.remote.finish(self.pool) if self.remote is not None else None
+        return self.remote_tier.finish(self.pool) if self.remote_tier is not None else None
 
     def shutdown(self) -> None:
-        if self.remote is not None:
-            self.remote.close()
+        if self.remote_tier is not None:
+            self.remote_tier.close()
 
 
-def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
+def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     """This worker's client of the remote store (it connects in the background)."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
     from vllm.utils.network_utils import get_ip
@@ -156,13 +156,13 @@ def _connect_remote(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity
 
     config = get_config()
-    remote = config.remote
-    store = RemoteStore(remote, local_hostname=remote.local_host or get_ip())
+    remote_config = config.remote_config
+    store = RemoteStore(remote_config, local_hostname=remote_config.local_host or get_ip())
     identity = ShardIdentity(
         model=vllm_config.model_config.model,
         layout=config.layout,
         tp_rank=get_tensor_model_parallel_rank(),
         tp_size=get_tensor_model_parallel_world_size(),
     )
-    logger.info("Chunk Cache: remote tier %s", remote.describe())
+    logger.info("Chunk Cache: remote tier %s", remote_config.describe())
     return RemoteTier(store, geometry, identity)

@@ -458,7 +458,7 @@ class RemoteStore:
                 self.config.retry_s,
             )
 
-    def _recovered(self) -> None:
+    def _connected(self) -> None:
         with self._lock:
             self._up = True
             self._suspect = None
@@ -537,4 +537,4 @@ class RemoteStore:
         if (failure := self._probe(client)) is not None:
             self._failed(failure)
             return
-        self._recovered()
+        self._connected()
