@@ -36,9 +36,9 @@ from pathlib import Path
 
 from benchmarks import rag_workload
 from benchmarks.machine import machine_info
+from benchmarks.mooncake_store import MooncakeProcs
 from benchmarks.rag_servers import read_counters, ttft_request
 from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
-from tools.mooncake_store import MooncakeProcs
 
 NAME = "tiny-rag"
 TIER_COUNTERS = {

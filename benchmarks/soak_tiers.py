@@ -38,8 +38,8 @@ from pathlib import Path
 
 from benchmarks import rag_workload
 from benchmarks.machine import machine_info
+from benchmarks.mooncake_store import MooncakeProcs
 from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
-from tools.mooncake_store import MooncakeProcs
 
 NAME = "tiny-llama"
 SYS = "You are a careful assistant. Answer from the documents."

@@ -32,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
 )
 
 from vllm_ascend_chunk.config import get_config
-from vllm_ascend_chunk.geometry import pool_geometry
+from vllm_ascend_chunk.geometry import pool_geometry, stage_geometry
 from vllm_ascend_chunk.metrics import (
     INCREMENTS,
     ChunkCacheConnectorStats,
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        geometry = pool_geometry(vllm_config)
         self.coordinator: ChunkCacheCoordinator | None = None
         self.chunk_worker: ChunkCacheWorker | None = None
         self._delivered: dict[str, int] = {}
@@ -60,10 +59,13 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
             priority = vllm_config.scheduler_config.policy == "priority"
             has_remote = get_config().remote_config is not None
             self.coordinator = ChunkCacheCoordinator(
-                geometry, block_size, priority_order=priority, has_remote=has_remote
+                pool_geometry(vllm_config), block_size, priority_order=priority, has_remote=has_remote
             )
         else:
-            self.chunk_worker = ChunkCacheWorker(vllm_config, geometry)
+            from vllm.distributed import get_pp_group
+
+            stage = get_pp_group().rank_in_group
+            self.chunk_worker = ChunkCacheWorker(vllm_config, stage_geometry(vllm_config, stage))
 
     # -- scheduler role ------------------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:

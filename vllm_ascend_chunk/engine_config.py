@@ -241,8 +241,6 @@ def _refuse_conflicts(vllm_config) -> None:
             "document is not in the chunk pool)"
         )
     parallel = vllm_config.parallel_config
-    if parallel.pipeline_parallel_size > 1:
-        problems.append("pipeline parallelism")
     if parallel.prefill_context_parallel_size > 1 or parallel.decode_context_parallel_size > 1:
         problems.append("context parallelism")  # per-step positions/slots are not split per rank
     if parallel.use_ubatching:

@@ -14,10 +14,15 @@ in-process worker share that config, workers in other processes and the frontend
 
 Both the row format (`pool_shape`) and the sized pool (`pool_geometry`) are computed once per
 engine and kept on its config: the frontend asks for the geometry of every chunked request.
+
+Pipeline parallelism: every stage keeps a pool of the same rows (the scheduler addresses them
+once for all stages) holding its own attention layers (`stage_geometry`); the engine-wide
+geometry counts the layers of the widest stage, so a page's bytes bound every worker's.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -98,9 +103,22 @@ def pool_shape(vllm_config) -> PoolGeometry:
     return _kept(vllm_config, "_chunk_cache_pool_shape", _shape)
 
 
+def stage_layers(vllm_config, pp_rank: int) -> int:
+    """Attention layers of pipeline stage `pp_rank` (all of them without pipeline parallelism)."""
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
+    stage = copy.copy(parallel)  # vLLM finds the stage of `rank`: the first worker of `pp_rank`
+    stage.rank = pp_rank * parallel.tensor_parallel_size
+    return model.get_num_layers_by_block_type(stage, "attention")
+
+
+def stage_geometry(vllm_config, pp_rank: int) -> PoolGeometry:
+    """The pool of a worker of pipeline stage `pp_rank`: the engine's rows, the stage's layers."""
+    return replace(pool_geometry(vllm_config), num_layers=stage_layers(vllm_config, pp_rank))
+
+
 def _shape(vllm_config) -> PoolGeometry:
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
-    layers = model.get_num_layers_by_block_type(parallel, "attention")
+    layers = max(stage_layers(vllm_config, pp) for pp in range(parallel.pipeline_parallel_size))
     if layers == 0:  # `engine_config` turns the chunk cache off for such models first
         raise ValueError("Chunk Cache needs attention layers; this model has none.")
     return PoolGeometry(

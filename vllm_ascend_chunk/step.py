@@ -71,10 +71,10 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
     reads: dict[int, bool] = field(default_factory=dict)
     """`RemoteRead.read_id` → whether the entry is now in the pool rows (on every worker)."""
     remote_up: dict[int, bool] = field(default_factory=dict)
-    """Tensor-parallel rank → whether its remote store is reachable (no entry: the rank has no
-    remote tier, or nothing new to report; the scheduler keeps each rank's last report)."""
+    """Worker rank (`ShardIdentity.rank`) → whether its remote store is reachable (no entry: the
+    rank has no remote tier, or nothing new to report; the scheduler keeps each rank's last one)."""
     remote_counters: dict[int, dict[str, int]] = field(default_factory=dict)
-    """Tensor-parallel rank → its remote store's running counters (`RemoteStore.stats`)."""
+    """Worker rank → its remote store's running counters (`RemoteStore.stats`)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> ChunkCacheWorkerMetadata:
         assert isinstance(other, ChunkCacheWorkerMetadata)

@@ -1,26 +1,34 @@
 """The host-memory tier in an engine of its own: a pool far smaller than the documents, and
-evicted entries copied back from host memory instead of computed. Answers are checked against
-the independent HF reference."""
+evicted entries copied back from host memory instead of computed; with one worker and with two
+(TP=2: each rank's tier holds its half of the KV heads, copied in the same steps). Answers are
+checked against the independent HF reference."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.engine.test_chunk_engines import SMALL, check_round
+from tests.engine.test_model_parallel import BIND, TP2, needs_two_cores
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
 POOL_PAGES = 32  # 512 tokens; tiny-llama keeps 1 KiB of K/V per token (SMALL)
 HOST = {**SMALL, "VLLM_CHUNK_CACHE_HOST_GB": str(4 * POOL_PAGES * 16 * 1024 / 2**30)}
+# A rank of TP=2 keeps half of a token's K/V: the same pages in half the bytes.
+HOST_TP2 = {**BIND, **{name: str(float(gb) / 2) for name, gb in HOST.items()}}
+SETUPS = {"TP=1": ({}, HOST), "TP=2": (TP2, HOST_TP2)}
 
 
-def test_a_corpus_larger_than_the_pool_is_served_from_host_memory(models_dir: Path):
+@pytest.mark.parametrize("setup", ["TP=1", pytest.param("TP=2", marks=needs_two_cores)])
+def test_a_corpus_larger_than_the_pool_is_served_from_host_memory(models_dir: Path, setup: str):
     docs = [cc.document(300 + i, 100) for i in range(12)]  # 12 x ~7 pages: 2.6x the pool
     sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     prompts = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
     shuffled = [cc.chunked(cc.SYS, [docs[i] for i in s[::-1]], f"Again {s}?") for s in sets]
     rounds = [{"prompts": prompts}, {"prompts": shuffled}, {"prompts": prompts, "batch": True}]
-    result = run_engine(models_dir / "tiny-llama", rounds, {}, HOST)
+    result = run_engine(models_dir / "tiny-llama", rounds, *SETUPS[setup])
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
     check_round(model, raw_tok, prompts, result["rounds"][0], 8, "cold, evicting into host memory")
     check_round(model, raw_tok, shuffled, result["rounds"][1], 8, "reordered, read back from host")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.mooncake_store import MooncakeProcs
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, raw_client, written
-from tools.mooncake_store import MooncakeProcs
 
 MIB = 1 << 20
 

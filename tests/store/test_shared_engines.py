@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.mooncake_store import MooncakeProcs, free_port
 from tests.engine.test_chunk_engines import check_round
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
-from tools.mooncake_store import MooncakeProcs, free_port
 
 
 def remote_env(procs_or_master: MooncakeProcs | str, **extra: str) -> dict[str, str]:

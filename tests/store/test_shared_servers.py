@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.mooncake_store import MooncakeProcs
 from tests.helpers import chunk_cases as cc
 from tests.helpers import server_utils
 from tests.store.test_shared_engines import remote_env
-from tools.mooncake_store import MooncakeProcs
 
 
 @pytest.fixture(scope="module")

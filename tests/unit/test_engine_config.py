@@ -389,3 +389,17 @@ def test_speculation_with_draft_layers_is_refused(models_dir, method):
         engine_config._refuse_conflicts(vllm_config)
     assert f"speculative decoding with '{method}'" in str(refused.value)
     assert "(served: ngram, which drafts from the token ids alone" in str(refused.value)
+
+
+def test_each_pipeline_stage_keeps_the_pool_of_its_own_layers(tmp_path, models_dir):
+    """A 3-layer model in two stages (vLLM splits it 2 + 1): the engine's page is sized for the
+    widest stage, each worker's pool holds its stage's layers, in the same rows."""
+    from vllm_ascend_chunk.geometry import pool_geometry, pool_shape, stage_geometry
+
+    model = write_model(tmp_path / "three", models_dir / "tiny-llama", {**LLAMA, "num_hidden_layers": 3})
+    vllm_config = engine_config_of(model, pipeline_parallel_size=2, distributed_executor_backend="mp")
+    assert engine_config.is_active(vllm_config)
+    assert pool_shape(vllm_config).num_layers == 2
+    stages = [stage_geometry(vllm_config, pp) for pp in range(2)]
+    assert [s.num_layers for s in stages] == [2, 1]
+    assert {s.num_pages for s in stages} == {pool_geometry(vllm_config).num_pages}

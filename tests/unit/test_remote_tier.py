@@ -1,5 +1,5 @@
 """`RemoteTier` without Mooncake processes (tests/store/ runs the real ones): one worker's side
-(object names per tensor-parallel shard, headers, reads that end with the step) against a
+(object names per tensor-parallel shard and pipeline stage, headers, reads that end with the step) against a
 stand-in `RemoteStore` whose futures the tests settle themselves. `RemoteStore` itself:
 test_remote_store_logic.py.
 """
@@ -89,14 +89,19 @@ def kv_of(tier: RemoteTier, key: bytes, num_tokens: int, seed: int) -> torch.Ten
 
 def test_each_shard_of_an_entry_has_its_own_object() -> None:
     key = bytes.fromhex("00ff10")
+    shards = [(0, 1, 0, 1), (0, 2, 0, 1), (1, 2, 0, 1), (0, 4, 0, 1), (3, 4, 0, 1)]
+    shards += [(0, 1, 0, 2), (0, 1, 1, 2), (1, 2, 1, 2)]  # pipeline stages
     names = {
-        object_name(k, dataclasses.replace(IDENTITY, tp_rank=r, tp_size=s))
+        object_name(k, dataclasses.replace(IDENTITY, tp_rank=r, tp_size=s, pp_rank=p, pp_size=ps))
         for k in (key, b"other")
-        for r, s in [(0, 1), (0, 2), (1, 2), (0, 4), (3, 4)]
+        for r, s, p, ps in shards
     }
-    assert len(names) == 10
+    assert len(names) == 2 * len(shards)
     assert object_name(key, dataclasses.replace(IDENTITY, tp_rank=1, tp_size=2)) == (
         f"chunk-cache/v{FORMAT_VERSION}/00ff10/tp1of2"
+    )
+    assert object_name(key, dataclasses.replace(IDENTITY, tp_rank=1, tp_size=2, pp_rank=1, pp_size=2)) == (
+        f"chunk-cache/v{FORMAT_VERSION}/00ff10/tp1of2-pp1of2"
     )
 
 
@@ -187,12 +192,15 @@ def test_the_store_state_is_reported_when_it_changes() -> None:
     assert tier.finish(pool).remote_up == {0: True}
 
 
-def test_each_rank_reports_under_its_own_rank() -> None:
-    tier, store = stand_in_tier(identity=dataclasses.replace(IDENTITY, tp_rank=3, tp_size=4))
-    tier.start_reads([RemoteRead(read_id=1, key=b"a", rows=[0])])
-    store.gets[0][2].set_result(None)
-    report = tier.finish(make_pool())
-    assert set(report.remote_up) == set(report.remote_counters) == {3}
+def test_each_worker_reports_under_its_own_rank() -> None:
+    """Ranks as vLLM numbers an engine's workers: stage major, then tensor-parallel rank."""
+    for (tp_rank, pp_rank), rank in {(3, 0): 3, (0, 1): 4, (3, 1): 7}.items():
+        identity = dataclasses.replace(IDENTITY, tp_rank=tp_rank, tp_size=4, pp_rank=pp_rank, pp_size=2)
+        tier, store = stand_in_tier(identity=identity)
+        tier.start_reads([RemoteRead(read_id=1, key=b"a", rows=[0])])
+        store.gets[0][2].set_result(None)
+        report = tier.finish(make_pool())
+        assert set(report.remote_up) == set(report.remote_counters) == {rank}
 
 
 def test_close_closes_the_store() -> None:

@@ -149,7 +149,7 @@ class ChunkCacheWorker:
 
 def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     """This worker's client of the remote store (it connects in the background)."""
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.distributed import get_pp_group, get_tp_group
     from vllm.utils.network_utils import get_ip
 
     from vllm_ascend_chunk.worker.remote_store import RemoteStore
@@ -161,8 +161,10 @@ def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     identity = ShardIdentity(
         model=vllm_config.model_config.model,
         layout=config.layout,
-        tp_rank=get_tensor_model_parallel_rank(),
-        tp_size=get_tensor_model_parallel_world_size(),
+        tp_rank=get_tp_group().rank_in_group,
+        tp_size=get_tp_group().world_size,
+        pp_rank=get_pp_group().rank_in_group,
+        pp_size=get_pp_group().world_size,
     )
     logger.info("Chunk Cache: remote tier %s", remote_config.describe())
     return RemoteTier(store, geometry, identity)

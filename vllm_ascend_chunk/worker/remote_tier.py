@@ -1,9 +1,10 @@
 """RemoteTier: one worker's side of the shared remote store — names, headers, reads in flight.
 
-Each worker stores its own tensor-parallel shard of an entry as one object named after the
-entry's key (`object_name`); the key already covers model, dtypes, LoRA and `cache_salt`, and
-the header (`kv_object.KVHeader`) is checked on every read, so an object of another model,
-format or shard is a miss, never wrong KV. Writes are queued and never delay the step. Reads
+Each worker stores its own shard of an entry (its tensor-parallel heads of its pipeline stage's
+layers) as one object named after the entry's key and the shard (`object_name`); the key already
+covers model, dtypes, LoRA, `cache_salt` and the parallel sizes, and the header
+(`kv_object.KVHeader`) is checked on every read, so an object of another model, format or shard
+is a miss, never wrong KV. Writes are queued and never delay the step. Reads
 start with the step that asks for them, run while its forward does, and are finished at its end:
 an entry is written into its pool rows only if its object arrived whole within the timeout.
 """
@@ -30,10 +31,20 @@ class ShardIdentity:
     layout: str
     tp_rank: int
     tp_size: int
+    pp_rank: int = 0
+    pp_size: int = 1
+
+    @property
+    def rank(self) -> int:
+        """The worker's rank in its engine (pipeline stage major, as vLLM orders them)."""
+        return self.pp_rank * self.tp_size + self.tp_rank
 
 
 def object_name(key: bytes, identity: ShardIdentity) -> str:
-    return f"chunk-cache/v{FORMAT_VERSION}/{key.hex()}/tp{identity.tp_rank}of{identity.tp_size}"
+    shard = f"tp{identity.tp_rank}of{identity.tp_size}"
+    if identity.pp_size > 1:  # (names without a stage stay those of earlier releases)
+        shard += f"-pp{identity.pp_rank}of{identity.pp_size}"
+    return f"chunk-cache/v{FORMAT_VERSION}/{key.hex()}/{shard}"
 
 
 class RemoteTier:
@@ -92,8 +103,8 @@ class RemoteTier:
         self._reported_up, self._reported_counters = up, counters
         return ChunkCacheWorkerMetadata(
             reads=reads,
-            remote_up={self.identity.tp_rank: up},
-            remote_counters={self.identity.tp_rank: counters},
+            remote_up={self.identity.rank: up},
+            remote_counters={self.identity.rank: counters},
         )
 
     def close(self) -> None:

@@ -3,7 +3,7 @@ remote tier on one machine: a master (with its embedded HTTP metadata server) an
 store process (`mooncake_client`) that holds the memory, so the clients contribute none
 (Mooncake's "standalone-store" mode).
 
-    python -m tools.mooncake_store      # a 4 GiB store until Ctrl-C; prints the settings
+    python -m benchmarks.mooncake_store      # a 4 GiB store until Ctrl-C; prints the settings
 """
 
 from __future__ import annotations
