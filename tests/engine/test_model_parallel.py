@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_chunk_engines import check_round
+from tests.engine.test_chunk_engines import SMALL_ENGINE, check_round
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
@@ -46,8 +46,9 @@ def parallel_rounds() -> tuple[list[dict], list[list[str]]]:
         {"prompts": first},
         {"prompts": reordered, "batch": True},
         {"prompts": [cc.document(720, 80)], "late": late, "late_after": 2, "max_tokens": 12},
+        {"prompts": first, "reset_prefix_cache": True},
     ]
-    return rounds, [first, first, reordered, late]
+    return rounds, [first, first, reordered, late, first]
 
 
 def check_parallel_rounds(
@@ -55,7 +56,7 @@ def check_parallel_rounds(
 ) -> None:
     """Every round's answers against the independent HF reference."""
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
-    names = ["cold", "warm", "reordered", "joins"]
+    names = ["cold", "warm", "reordered", "joins", "after a reset"]
     for i, (prompts, name) in enumerate(zip(checked, names, strict=True)):
         outputs = result["rounds"][i][1:] if rounds[i].get("late") else result["rounds"][i]
         max_tokens = rounds[i].get("max_tokens", 8)
@@ -77,7 +78,24 @@ def test_cold_warm_reordered_and_joins(models_dir: Path, parallel: str, layout: 
     check_parallel_rounds(models_dir, rounds, checked, result, layout, f"{parallel} {layout}")
     # Round 1: docs[0] is resident when the second prompt comes. Round 4: the late prompts join
     # together, the second one joins the first one's docs[4] prefill in flight (a miss, a join).
-    assert count_steps(result) == [(1, 5), (6, 0), (7, 0), (1, 2)]
+    # Round 5: the reset dropped the pool: as cold as round 1.
+    assert count_steps(result) == [(1, 5), (6, 0), (7, 0), (1, 2), (1, 5)]
     joins = [s["inflight_joins"] for s in result["states"]]
     assert joins[3] - joins[2] == 1, joins
     assert result["states"][-1]["pinned_entries"] == 0
+
+
+@pytest.mark.parametrize("parallel", ["TP=2", "PP=2"])
+def test_preempted_requests_give_the_same_answers(models_dir: Path, parallel: str):
+    """Long generations in a 6-block KV cache: vLLM preempts some requests; they plan and load
+    again (with PP=2, while another batch is in flight)."""
+    docs = [cc.document(200 + i, 30) for i in range(6)]
+    prompts = [cc.chunked(cc.SYS, [docs[i], docs[(i + 1) % 6]], f"Go on {i}.") for i in range(4)]
+    rounds = [{"prompts": prompts, "batch": True, "max_tokens": 240}]
+    engine = {**{"TP=2": TP2, "PP=2": PP2}[parallel], **SMALL_ENGINE}
+    result = run_engine(models_dir / "tiny-llama", rounds, engine, BIND)
+    (state,) = result["states"]
+    assert state["preemptions"] > 0, state
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    check_round(model, raw_tok, prompts, result["rounds"][0], 240, f"{parallel} preempted")
+    assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0
