@@ -15,8 +15,15 @@ those of the vLLM parts the patch series touches and that need no model download
 - `off`: the installed, patched vLLM with `VLLM_ENABLE_CHUNK_CACHE=false`;
 - `on`: the same with `VLLM_ENABLE_CHUNK_CACHE=true`.
 
-Writes per mode and group a junit file and a log, `results.json` (every test's outcome per
-mode and the differences) and `summary.txt`, and prints the summary.
+Offline (the default), the hub models the tests name are local stand-ins (`tools.peer_models`:
+config.json only, in an `HF_HOME` of the cache folder), so the tests that build a `ModelConfig`
+reach the chunk cache. A plugin (`tools.peer_activation`) records in which tests the chunk cache
+was configured on or refused; a run in which "on" turned it on nowhere, or "pristine" or "off"
+turned it on anywhere, fails (exit status 1): it would prove nothing.
+
+Writes per mode and group a junit file, a log and the activation record, `results.json` (every
+test's outcome per mode, the differences, the activations) and `summary.txt`, and prints the
+summary.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from tools import peer_activation, peer_models
 
 REPO = Path(__file__).resolve().parent.parent
 APPLY = REPO / "scripts" / "apply_patches.sh"
@@ -129,9 +138,30 @@ def summary(results: dict[str, dict[str, Outcome]], pairs: list[tuple[str, str]]
     return "\n".join(lines)
 
 
+def activation_problems(activations: dict[str, dict[str, list[str]]]) -> list[str]:
+    """Why the activation records disprove the run: "on" never on, or another mode on."""
+    problems = []
+    for mode, record in activations.items():
+        touched = len(record["active"]) + len(record["refused"])
+        if mode == "on" and not record["active"]:
+            problems.append("mode on: the chunk cache was configured on in no test")
+        elif mode != "on" and touched:
+            problems.append(f"mode {mode}: the chunk cache was configured on or refused in {touched} tests")
+    return problems
+
+
+def read_activations(out: Path, mode: str) -> dict[str, list[str]]:
+    record: dict[str, list[str]] = {"active": [], "refused": []}
+    for path in sorted(out.glob(f"{mode}-*.activation.json")):
+        for key, tests in json.loads(path.read_text()).items():
+            record[key] += tests
+    return record
+
+
 def report(out: Path, modes: list[str]) -> str:
-    """Read the junit files under `out`, write `results.json` and `summary.txt`."""
+    """Read the junit and activation files under `out`, write `results.json` and `summary.txt`."""
     results: dict[str, dict[str, Outcome]] = {}
+    activations = {mode: read_activations(out, mode) for mode in modes}
     for mode in modes:
         results[mode] = {}
         for junit in sorted(out.glob(f"{mode}-*.xml")):
@@ -142,12 +172,17 @@ def report(out: Path, modes: list[str]) -> str:
         if a in results and b in results
     ]
     text = summary(results, pairs)
+    text += "\n\nchunk cache configured (tests where it was on / refused at start-up):\n" + "\n".join(
+        f"  {mode:9s} {len(r['active'])} on, {len(r['refused'])} refused" for mode, r in activations.items()
+    )
+    text += "".join(f"\nFAILED: {problem}" for problem in activation_problems(activations))
     (out / "results.json").write_text(
         json.dumps(
             {
                 "vllm": VERSION,
                 "outcomes": {m: {t: asdict(o) for t, o in r.items()} for m, r in results.items()},
                 "differences": {f"{a}->{b}": differences(results, a, b) for a, b in pairs},
+                "activations": activations,
             },
             indent=1,
         )
@@ -216,10 +251,16 @@ def vllm_tests(python: str, cache: Path) -> Path:
     return root
 
 
+PLUGIN = "chunk_cache_peer_activation"
+"""The plugin's module name in the test-tools folder (this repository's `tests` package would
+shadow vLLM's if the repository were on the path)."""
+
+
 def test_tools(python: str, cache: Path) -> Path:
     tools = cache / f"vllm-{VERSION}-test-tools"
     if not (tools / "tblib").exists():
         pip(python, "install", "--no-deps", "--target", str(tools), *TEST_TOOLS)
+    shutil.copy(peer_activation.__file__, tools / f"{PLUGIN}.py")
     return tools
 
 
@@ -283,20 +324,23 @@ def run_group(
         "-q",
         "-rN",
         f"--timeout={timeout}",
+        "-p",
+        PLUGIN,
         f"--junitxml={junit}",
         *paths,
     ]
+    env = {**env, peer_activation.ENV: str(junit.with_suffix(".activation.json"))}
     with log.open("w") as out:
         return subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def mode_env(mode: str, tools: Path, shadow: Path | None, offline: bool) -> dict:
+def mode_env(mode: str, tools: Path, shadow: Path | None, hf_home: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     path = [str(tools)] if mode != "pristine" else [str(shadow), str(tools)]
     env["PYTHONPATH"] = os.pathsep.join(path)
     env["VLLM_ENABLE_CHUNK_CACHE"] = "false" if mode == "off" else "true"
-    if offline:  # downloads fail at once instead of after retries: the same in every mode
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if hf_home is not None:  # the local stand-ins; other downloads fail at once, in every mode
+        env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
 
 
@@ -315,7 +359,8 @@ def run_all(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         shadow = pristine_shadow(args.python, Path(tmp)) if "pristine" in args.modes else None
-        envs = {mode: mode_env(mode, tools, shadow, not args.online) for mode in args.modes}
+        hf_home = None if args.online else peer_models.write_cache(cache / "peer-models")
+        envs = {mode: mode_env(mode, tools, shadow, hf_home) for mode in args.modes}
         for mode, env in envs.items():
             check_imports(args.python, env, mode)
         for group in args.groups:  # every mode of a group before the next: partial runs compare
@@ -338,7 +383,10 @@ def main() -> None:
     if args.report is None:
         run_all(args)
     out = args.report or args.out
-    print(report(out, [m for m in args.modes if any(out.glob(f"{m}-*.xml"))]))
+    text = report(out, [m for m in args.modes if any(out.glob(f"{m}-*.xml"))])
+    print(text)
+    if "\nFAILED: " in text:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The pure parts of `tools/vllm_peer_tests.py` (junit parsing, diffing, summary) on synthetic
-reports; the peer suite itself takes long and is run by hand."""
+"""The pure parts of `tools/vllm_peer_tests.py` (junit parsing, diffing, summary, the activation
+check) on synthetic reports, and the local model stand-ins; the peer suite itself takes long and
+is run by hand."""
 
 from __future__ import annotations
 
@@ -70,3 +71,30 @@ def test_report_reads_junit_files(tmp_path):
     assert len(data["differences"]["pristine->on"]) == 2
     assert data["outcomes"]["on"]["tests.v1.core.test_x::test_b"]["outcome"] == "failed"
     assert (tmp_path / "summary.txt").read_text() == text + "\n"
+
+
+def test_a_run_where_on_never_turned_it_on_fails(tmp_path):
+    (tmp_path / "off-core.xml").write_text(PRISTINE)
+    (tmp_path / "on-core.xml").write_text(ON)
+    (tmp_path / "off-core.activation.json").write_text(json.dumps({"active": [], "refused": []}))
+    (tmp_path / "on-core.activation.json").write_text(json.dumps({"active": [], "refused": ["t::b"]}))
+    text = peer.report(tmp_path, ["off", "on"])
+    assert "  on        0 on, 1 refused" in text
+    assert "FAILED: mode on: the chunk cache was configured on in no test" in text
+    (tmp_path / "on-core.activation.json").write_text(json.dumps({"active": ["t::a"], "refused": ["t::b"]}))
+    (tmp_path / "off-core.activation.json").write_text(json.dumps({"active": ["t::a"], "refused": []}))
+    text = peer.report(tmp_path, ["off", "on"])
+    assert "FAILED: mode off: the chunk cache was configured on or refused in 1 tests" in text
+    assert "mode on" not in text
+    assert json.loads((tmp_path / "results.json").read_text())["activations"]["on"]["active"] == ["t::a"]
+
+
+def test_the_stand_ins_are_a_hub_cache(tmp_path):
+    from tools import peer_models
+
+    home = peer_models.write_cache(tmp_path)
+    snapshot = home / "hub" / "models--facebook--opt-125m" / "snapshots" / peer_models.REVISION
+    config = json.loads((snapshot / "config.json").read_text())
+    assert config["architectures"] == ["OPTForCausalLM"] and config["model_type"] == "opt"
+    assert (snapshot.parent.parent / "refs" / "main").read_text() == peer_models.REVISION
+    assert peer_models.write_cache(tmp_path) == home  # again: the same
