@@ -1,8 +1,9 @@
 """Engine configuration on real `VllmConfig`s built from tiny local configs (no weights, no hub).
 
 Models the chunk cache cannot serve (hybrid, attention-free, sliding-window, chunked local
-attention) start with it off and one warning, and keep vLLM's hybrid KV cache manager; models it
-serves keep that manager too (the connector is `SupportsHMA`); unsupported modes are refused.
+attention, encoder-decoder with cross-attention) start with it off and one warning, and keep
+vLLM's hybrid KV cache manager; models it serves keep that manager too (the connector is
+`SupportsHMA`); unsupported modes are refused.
 """
 
 from __future__ import annotations
@@ -116,6 +117,19 @@ NOT_APPLICABLE = {
             "num_experts_per_tok": 1,
         },
         "sliding-window",
+    ),
+    "whisper": (
+        {
+            "architectures": ["WhisperForConditionalGeneration"],
+            "model_type": "whisper",
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "max_target_positions": 1024,
+        },
+        "encoder-decoder",
     ),
     "llama4-chunked": (
         {
