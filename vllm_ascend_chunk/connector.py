@@ -62,9 +62,10 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 pool_geometry(vllm_config), block_size, priority_order=priority, has_remote=has_remote
             )
         else:
-            from vllm.distributed import get_pp_group
+            from vllm.distributed.parallel_state import get_pp_group, model_parallel_is_initialized
 
-            stage = get_pp_group().rank_in_group
+            # (a connector built outside a worker, e.g. in a unit test, has no process groups)
+            stage = get_pp_group().rank_in_group if model_parallel_is_initialized() else 0
             self.chunk_worker = ChunkCacheWorker(vllm_config, stage_geometry(vllm_config, stage))
 
     # -- scheduler role ------------------------------------------------------------------------
