@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,21 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", "0.25")
 # In-process engine core, so tests can look at the scheduler's `Request`s.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def pytest_configure(config) -> None:
+    """Torch inductor's vector-ISA probe (~15 s per engine process) runs once per test run:
+    tests/helpers/site/sitecustomize.py memoizes it here and in every child process."""
+    memo = tempfile.mkdtemp(prefix="chunk-cache-isa-probe-")
+    config.isa_probe_memo = memo
+    os.environ["CHUNK_CACHE_TEST_ISA_MEMO"] = memo
+    site = str(REPO / "tests" / "helpers" / "site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    importlib.import_module("tests.helpers.site.sitecustomize")
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(getattr(config, "isa_probe_memo", ""), ignore_errors=True)
 
 
 @pytest.fixture
