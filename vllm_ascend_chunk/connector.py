@@ -18,6 +18,7 @@ only configured for models whose layers form a single full-attention KV cache gr
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -45,6 +46,8 @@ from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
+
+logger = logging.getLogger("vllm.chunk_cache")
 
 
 class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
@@ -179,6 +182,14 @@ class ChunkCacheMultiConnector(MultiConnector):
     its blocks: a chunk prefill's are plain causal KV of `SYS + C_i`, a chunk-path request's live in
     the chunk namespace (`scheduler/block_keys.py`) that no ordinary request hits. Ordinary
     requests go through MultiConnector unchanged; the chunk cache answers 0 for them.
+
+    Prefill/decode disaggregation: on the prefill instance (a `kv_producer` child) nothing changes,
+    the producer sends a chunk-path request's blocks, which hold its whole KV once its chunks are
+    loaded. On the decode instance a chunk-path request is offered to the `kv_consumer` children
+    when it arrives: one that would load its whole chunk region loads it (`load_elsewhere`: no
+    plan, no chunk prefill; the chunk cache still places the tokens the decode instance computes);
+    otherwise, or if that child no longer covers the region when the request is scheduled, the
+    chunk cache serves it as a single instance would.
     """
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
@@ -186,16 +197,47 @@ class ChunkCacheMultiConnector(MultiConnector):
         chunk_connector = self._connectors[0]
         assert isinstance(chunk_connector, ChunkCacheConnector), "the chunk cache is the first child"
         self.chunk_connector: ChunkCacheConnector = chunk_connector
+        self._consumers = [
+            i for i, kv in enumerate(self._ktc_kv_transfer_config) if kv.kv_role == "kv_consumer"
+        ]
+        """Children that load what a P/D prefill instance computed."""
+
+    def on_new_request(self, request: Request) -> None:
+        super().on_new_request(request)
+        if not self._consumers or request.request_id not in self.chunk_connector.coordinator.users:
+            return
+        region = request.chunk_cache.question_start
+        for i in self._consumers:
+            tokens, _ = self._connectors[i].get_num_new_matched_tokens(request, 0)
+            if tokens is not None and tokens >= region:
+                self.chunk_connector.coordinator.load_elsewhere(request, tokens)
+                self._requests_to_connector[request.request_id] = i
+                return
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        coordinator = self.chunk_connector.coordinator
+        if coordinator.is_external(request):
+            loader = self._requests_to_connector[request.request_id]
+            tokens, load_async = self._connectors[loader].get_num_new_matched_tokens(
+                request, num_computed_tokens
+            )
+            if tokens is None or num_computed_tokens + tokens >= request.chunk_cache.question_start:
+                return tokens, load_async
+            logger.warning(
+                "Chunk Cache: %s no longer loads the chunk region of %s; the chunk cache serves it",
+                type(self._connectors[loader]).__name__,
+                request.request_id,
+            )
+            coordinator.serve_here(request)
+            del self._requests_to_connector[request.request_id]
         if self.chunk_connector.owns(request):
             return self.chunk_connector.get_num_new_matched_tokens(request, num_computed_tokens)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
-        if not self.chunk_connector.owns(request):
+        if not self.chunk_connector.owns(request) or self.chunk_connector.coordinator.is_external(request):
             super().update_state_after_alloc(request, blocks, num_external_tokens)
             return
         self.chunk_connector.update_state_after_alloc(request, blocks, num_external_tokens)

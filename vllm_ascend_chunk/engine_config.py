@@ -155,7 +155,7 @@ def _with_chunk_connector(kv):
     }
     logger.info(
         "Chunk Cache runs next to the KV connectors %s (in a MultiConnector, first)",
-        [c.get("kv_connector") for c in children],
+        [f"{c.get('kv_connector')} ({c.get('kv_role')})" for c in children],
     )
     return dataclasses.replace(
         kv,
@@ -247,14 +247,6 @@ def _refuse_conflicts(vllm_config) -> None:
         problems.append("dual-batch overlap (micro-batching)")  # capture indices span the batch
     if vllm_config.model_config.use_mla:
         problems.append("MLA attention")  # latent KV is never captured by the attention hook
-    kv = vllm_config.kv_transfer_config
-    # Chunk-path requests are never loaded from another connector (`ChunkCacheMultiConnector`),
-    # so a consumer would compute them and a producer would hold their blocks for nobody.
-    roles = [(c.get("kv_connector"), c.get("kv_role")) for c in _user_connectors(kv)]
-    if kv is not None and kv.kv_connector is not None:
-        roles.append((kv.kv_connector, kv.kv_role))
-    if not_both := sorted({f"{name} as {role}" for name, role in roles if role != "kv_both"}):
-        problems.append(f"disaggregated prefill ({', '.join(not_both)}; only kv_role 'kv_both')")
     sched_cls = vllm_config.scheduler_config.scheduler_cls
     if sched_cls is not None and sched_cls not in SCHEDULERS.values():
         problems.append(f"the custom scheduler {sched_cls!r}")

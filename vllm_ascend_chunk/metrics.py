@@ -157,6 +157,8 @@ class ChunkCacheMetrics:
     inflight_joins: int
     evictions: int
     chunk_prefills: int
+    external_loads: int
+    external_load_tokens: int
     host_hits: int
     host_hit_tokens: int
     remote_hits: int

@@ -195,6 +195,42 @@ def test_load_then_preemption_plans_again_without_counting_twice():
     assert (coord.manager.stats.hits, coord.manager.stats.misses) == (0, 2)
 
 
+def test_a_request_loaded_elsewhere_is_never_planned_but_keeps_its_layout(chunk_env):
+    """P/D decode instance: another connector loads the whole chunk region; the chunk cache plans
+    nothing, loads nothing, and still places the tokens computed after it."""
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
+    coord = coordinator(16)
+    req = user_request("r", [b"d0", b"d1"])
+    coord.on_new_request(req)
+    coord.load_elsewhere(req, req.chunk_cache.question_start + 1)
+    assert coord.is_external(req) and coord.plan() == [] and coord.manager.pinned_entries == 0
+    assert coord.get_num_new_matched_tokens(req, 0) == (0, False)
+    coord.update_state_after_alloc(req, blocks_for(req), 0)
+    meta = coord.build_connector_meta(FakeOutput({"r": 2}))
+    shift = coord.layout.question_shift(req.chunk_cache)
+    assert meta.load_rows == [] and meta.position_shifts == {"r": shift} and shift != 0
+    stats = coord.manager.stats
+    assert (stats.external_loads, stats.external_load_tokens) == (1, req.chunk_cache.question_start + 1)
+    assert (stats.hits, stats.misses, stats.chunk_prefills) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("how", ["preempted", "no longer covered"])
+def test_a_request_loaded_elsewhere_falls_back_to_the_chunk_cache(how):
+    coord = coordinator(16)
+    req = user_request("r", [b"d0", b"d1"])
+    coord.on_new_request(req)
+    coord.load_elsewhere(req, req.chunk_cache.question_start)
+    if how == "preempted":
+        coord.on_preempted(req)
+    else:
+        coord.serve_here(req)
+    assert not coord.is_external(req) and coord.users["r"].status is UserStatus.WAITING
+    run_prefills(coord, coord.plan())
+    meta = admit(coord, req)
+    assert len(meta.load_rows) == req.chunk_cache.question_start
+    check_drained(coord)
+
+
 def test_saves_follow_each_piece_of_a_chunk_prefill_and_its_blocks_after_preemption():
     """Chunked prefill: each step saves the tokens it computes, from the slots of the blocks the
     scheduler outputs announced (appended while running, replaced when resumed)."""

@@ -327,9 +327,18 @@ def test_the_chunk_cache_listed_by_the_user_moves_first(models_dir):
         multi(MOONCAKE, {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}),
     ],
 )
-def test_disaggregated_prefill_is_refused(models_dir, kv):
-    with pytest.raises(ValueError, match="disaggregated prefill \\(NixlConnector as kv_"):
-        engine_config_of(models_dir / "tiny-llama", kv_transfer_config=kv)
+def test_disaggregated_prefill_keeps_the_users_roles(models_dir, kv):
+    """A P/D instance starts with the chunk cache first; the user's connectors keep their roles
+    (the engine's own role included), the chunk cache's child is `kv_both`."""
+    vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=kv)
+    got = vllm_config.kv_transfer_config
+    children = got.kv_connector_extra_config["connectors"]
+    assert got.kv_connector == "ChunkCacheMultiConnector" and children[0] == CHUNK_CHILD
+    users = kv.get("kv_connector_extra_config", {}).get("connectors", [kv])
+    assert [(c["kv_connector"], c["kv_role"]) for c in children[1:]] == [
+        (c["kv_connector"], c["kv_role"]) for c in users
+    ]
+    assert got.kv_role == kv["kv_role"]
 
 
 def test_the_default_layout_is_sequential(models_dir, chunk_env, chunk_warnings):

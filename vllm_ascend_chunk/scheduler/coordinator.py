@@ -16,9 +16,13 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 5. The layout (`layouts.py`) places R's tokens: every step R computes tokens, their RoPE
    positions are lowered by `question_shift` (overlap); or its cached keys are re-rotated on
    load by `load_deltas` (sequential).
-6. `on_preempted`, LOADED → WAITING (its blocks are gone: plan and load again);
+6. `on_preempted`, LOADED (or EXTERNAL) → WAITING (its blocks are gone: plan and load again);
    `request_finished`: pins released, R forgotten. `reset`: the pool is dropped and every
    PLANNED request is planned again (it must not load what the reset dropped).
+On the decode instance of a P/D pair, R may instead be loaded by another connector (the KV the
+prefill instance computed, `ChunkCacheMultiConnector`): `load_elsewhere`, WAITING → EXTERNAL, it
+is never planned and the chunk cache only places its computed tokens (step 5);
+`serve_here`, EXTERNAL → WAITING, if that connector no longer covers its chunk region.
 A prefill's tokens are copied from its paged-cache slots into its pending entries after each step
 that computes them (`save_rows`/`save_slots`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
@@ -82,6 +86,8 @@ class UserStatus(enum.Enum):
     """Admitted this step: its load is in the step being built; pins held until it is sent."""
     LOADED = "loaded"
     """Its chunk region is in its own blocks (loaded, or a prefix-cache hit); no pins."""
+    EXTERNAL = "external"
+    """Another connector loads its KV, chunk region included (P/D decode instance); no pins."""
 
 
 @dataclass
@@ -280,15 +286,17 @@ class ChunkCacheCoordinator:
         Changes nothing: vLLM may ask again in later steps if R is not admitted.
         """
         user = self.users.get(request.request_id)
-        if user is None or num_computed_tokens >= user.info.question_start:
-            return 0, False  # not ours, or the prefix cache holds the whole chunk region
+        if user is None or user.status is UserStatus.EXTERNAL:
+            return 0, False  # not ours, or another connector loads it
+        if num_computed_tokens >= user.info.question_start:
+            return 0, False  # the prefix cache holds the whole chunk region
         if not user.ready:
             return None, False
         return user.info.question_start - num_computed_tokens, False
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         user = self.users.get(request.request_id)
-        if user is None:
+        if user is None or user.status is UserStatus.EXTERNAL:
             return
         if num_external_tokens == 0:  # the prefix cache held the chunk region: nothing to load
             self._to_loaded(user)
@@ -392,6 +400,26 @@ class ChunkCacheCoordinator:
             entry = self.reads.pop(read_id)
             if self.manager.fetched(entry, ok):
                 self.unread.append(entry)
+
+    def load_elsewhere(self, request: Request, num_tokens: int) -> None:
+        """Another connector loads R's first `num_tokens` tokens, its chunk region included (the
+        KV a P/D prefill instance computed): → EXTERNAL, pins released, never planned."""
+        user = self.users[request.request_id]
+        assert num_tokens >= user.info.question_start, "the chunk region must come whole"
+        self._unplan(user)
+        user.status = UserStatus.EXTERNAL
+        self.manager.stats.external_loads += 1
+        self.manager.stats.external_load_tokens += num_tokens
+
+    def is_external(self, request: Request) -> bool:
+        user = self.users.get(request.request_id)
+        return user is not None and user.status is UserStatus.EXTERNAL
+
+    def serve_here(self, request: Request) -> None:
+        """EXTERNAL → WAITING: the other connector no longer covers R's chunk region."""
+        user = self.users[request.request_id]
+        if user.status is UserStatus.EXTERNAL:
+            user.status = UserStatus.WAITING
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""

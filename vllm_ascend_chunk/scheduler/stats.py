@@ -35,6 +35,10 @@ class ChunkCacheStats:
     inflight_joins: int = _counter("Misses served by a prefill or remote read another request had started.")
     evictions: int = _counter("Pool entries evicted (least recently used first).")
     chunk_prefills: int = _counter("Chunk prefills run to compute missing chunks (SYS + chunk).")
+    external_loads: int = _counter(
+        "Chunked prompts whose KV, chunk region included, another connector loaded (P/D decode)."
+    )
+    external_load_tokens: int = _counter("Tokens of the chunked prompts another connector loaded.")
     host_hits: int = _counter("Chunk occurrences copied back from the host-memory tier.")
     host_hit_tokens: int = _counter("Tokens of the host-tier hits.")
     remote_hits: int = _counter("Chunk occurrences read from the remote store.")
