@@ -13,7 +13,9 @@ those of the vLLM parts the patch series touches and that need no model download
   and reverted with `apply_patches.sh --revert --target`) first on PYTHONPATH; the installed,
   patched vLLM is never modified;
 - `off`: the installed, patched vLLM with `VLLM_ENABLE_CHUNK_CACHE=false`;
-- `on`: the same with `VLLM_ENABLE_CHUNK_CACHE=true`.
+- `on`: the same with `VLLM_ENABLE_CHUNK_CACHE=true` and a set pool size
+  (`VLLM_CHUNK_CACHE_SIZE_GB`, `ON_POOL_GB` unless set): many tests build vLLM's `Scheduler` or a
+  connector straight from a `VllmConfig`, with no engine core to size an automatic pool.
 
 Offline (the default), the hub models the tests name are local stand-ins (`tools.peer_models`:
 config.json only, in an `HF_HOME` of the cache folder), so the tests that build a `ModelConfig`
@@ -48,6 +50,8 @@ REPO = Path(__file__).resolve().parent.parent
 APPLY = REPO / "scripts" / "apply_patches.sh"
 VERSION = (REPO / "patches" / "vllm" / "TARGET_VERSION").read_text().strip()
 MODES = ("pristine", "off", "on")
+ON_POOL_GB = "0.05"
+"""The pool size of the `on` mode (a page of every stand-in model fits)."""
 GROUPS = {
     "core": ["tests/v1/core"],  # kv_cache_utils (0010), request (0002), scheduler
     "kv_connector": ["tests/v1/kv_connector/unit"],  # connector selection and HMA (0008)
@@ -339,6 +343,8 @@ def mode_env(mode: str, tools: Path, shadow: Path | None, hf_home: Path | None) 
     path = [str(tools)] if mode != "pristine" else [str(shadow), str(tools)]
     env["PYTHONPATH"] = os.pathsep.join(path)
     env["VLLM_ENABLE_CHUNK_CACHE"] = "false" if mode == "off" else "true"
+    if mode == "on":
+        env.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", ON_POOL_GB)
     if hf_home is not None:  # the local stand-ins; other downloads fail at once, in every mode
         env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
