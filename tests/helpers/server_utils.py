@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.serve_util import VllmServer, openai_client, scrape
 from benchmarks.serve_util import requests_in_flight as requests_in_flight  # (re-exported)
@@ -40,17 +41,26 @@ def client(url: str, **kwargs):
     return openai_client(url, TIMEOUT, **kwargs)
 
 
-def greedy(client, prompt, max_tokens: int, **extra_body):
-    """One greedy `/v1/completions` choice of "tiny-llama", with its token ids and logprobs."""
+def greedy(client, prompt, max_tokens: int, stream: bool = False, **extra_body):
+    """One greedy `/v1/completions` choice of "tiny-llama", with its token ids and logprobs
+    (streamed: its pieces joined into `token_ids` and `logprobs.token_logprobs`)."""
     resp = client.completions.create(
         model="tiny-llama",
         prompt=prompt,
         max_tokens=max_tokens,
         temperature=0,
         logprobs=0,
+        stream=stream,
         extra_body={"ignore_eos": True, "return_token_ids": True} | extra_body,
     )
-    return resp.choices[0]
+    if not stream:
+        return resp.choices[0]
+    pieces = [chunk.choices[0] for chunk in resp]
+    logprobs = [x for p in pieces if p.logprobs for x in p.logprobs.token_logprobs]
+    return SimpleNamespace(
+        token_ids=[t for p in pieces for t in p.token_ids or []],
+        logprobs=SimpleNamespace(token_logprobs=logprobs),
+    )
 
 
 def metrics(url: str):

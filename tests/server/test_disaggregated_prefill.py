@@ -79,21 +79,8 @@ def reference_tools(models_dir):
 
 def served(url: str, prompt: str, stream: bool = False):
     """Token ids and logprobs of a greedy `/v1/completions` answer."""
-    client = server_utils.client(url)
-    resp = client.completions.create(
-        model="tiny-llama",
-        prompt=prompt,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        logprobs=0,
-        stream=stream,
-        extra_body={"ignore_eos": True, "return_token_ids": True},
-    )
-    tokens, logprobs = [], []
-    for chunk in resp if stream else [resp]:
-        tokens += chunk.choices[0].token_ids or []
-        logprobs += chunk.choices[0].logprobs.token_logprobs if chunk.choices[0].logprobs else []
-    return tokens, logprobs
+    choice = server_utils.greedy(server_utils.client(url), prompt, MAX_TOKENS, stream)
+    return choice.token_ids, choice.logprobs.token_logprobs
 
 
 def region_is_loaded_whole(raw_tok, prompt: str) -> bool:
