@@ -121,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--storage", type=Path, help="the KV folder (default: a new temporary one)")
     parser.add_argument("--log-dir", type=Path, help="the instances' logs (default: temporary files)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    serve_args = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: len(argv) - len(serve_args) - bool(serve_args)])
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, serve_args = parser.parse_args(argv[:split]), argv[split + 1 :]
     from aiohttp import web
 
     with contextlib.ExitStack() as stack:
