@@ -184,16 +184,20 @@ def main() -> None:
         }
         deviation, attention = {}, {}
         for config in args.configs:
-            layout, mode = config.split("/")
+            layout, mode = config.split("/", 1)
             if "blend" in mode and layout not in deviation:
                 deviation[layout] = hr.key_deviation(model, kv, full_keys, p.sys_len, p.chunk_lens, layout)
-            layer = hr.qattn_layer(model, mode)
-            if "qattn" in mode and (layout, layer) not in attention:
-                attention[layout, layer] = hr.question_attention(
-                    model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer
+            layer, drop_last = hr.qattn_layer(model, mode), "/" in mode
+            if "qattn" in mode and (layout, layer, drop_last) not in attention:
+                attention[layout, layer, drop_last] = hr.question_attention(
+                    model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer, drop_last
                 )
             compute = hr.recompute_set(
-                mode, p.sys_len, p.chunk_lens, deviation.get(layout), attention.get((layout, layer))
+                mode,
+                p.sys_len,
+                p.chunk_lens,
+                deviation.get(layout),
+                attention.get((layout, layer, drop_last)),
             )
             out = hr.run(
                 model,
@@ -224,8 +228,7 @@ def main() -> None:
         samples.append(sample)
         write(args, samples, start, torch.__version__)
         agree = " ".join(
-            f"{c.split('/')[0][:3]}/{c.split('/')[1]}={int(sample['configs'][c]['agree'])}"
-            for c in args.configs
+            f"{c[:3]}/{c.partition('/')[2]}={int(sample['configs'][c]['agree'])}" for c in args.configs
         )
         print(
             f"[{n + 1}/{len(items)}] {time.time() - start:.0f}s gold={item.answers[0]!r} "

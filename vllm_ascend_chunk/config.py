@@ -28,8 +28,15 @@ FALSE_WORDS = ("0", "false", "no", "off")
 HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
 """Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
 LAYOUTS = tuple(layouts.LAYOUTS)
-RECOVERY_ACCEPTED = "none, last (= last:1), or last:K with K >= 1"
-"""Recovery modes (`frontend.recovery`): `last:K` computes the last K documents with the question."""
+SELECT_RUNS = 16
+"""Runs a `qattn:R` request computes its selected tokens in, unless it names another (`qattn:R/M`)."""
+MAX_SELECT_RUNS = 256
+RECOVERY_ACCEPTED = (
+    f"none, last (= last:1), last:K with K >= 1, or qattn:R[/M] with 0 < R <= 1 and "
+    f"1 <= M <= {MAX_SELECT_RUNS}"
+)
+"""Recovery modes (`frontend.recovery`): `last:K` computes the last K documents with the question;
+`qattn:R` the fraction R of the document tokens the question attends to most, in M runs."""
 
 
 PROTOCOLS = ("tcp", "rdma")
@@ -50,19 +57,42 @@ def bool_word(value: str) -> bool | None:
     return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
 
 
-def recovery_docs_of(mode: str) -> int | None:
-    """Documents a recovery mode computes with the question (`none` 0, `last` 1, `last:K` K), or
-    None if `mode` names no mode."""
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """A recovery mode: the last `docs` documents computed with the question (`last:K`), or the
+    fraction `select` of the document tokens the question attends to most, computed in at most
+    `runs` runs (`qattn:R[/M]`; `docs/design.md`, Recovery)."""
+
+    docs: int = 0
+    select: float = 0.0
+    runs: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.select:
+            return f"qattn:{self.select:g}" + ("" if self.runs == SELECT_RUNS else f"/{self.runs}")
+        return "none" if self.docs == 0 else "last" if self.docs == 1 else f"last:{self.docs}"
+
+
+def recovery_of(mode: str) -> Recovery | None:
+    """The recovery mode `mode` names (`RECOVERY_ACCEPTED`, any case), or None."""
     word = mode.strip().lower()
     if word in ("none", "last"):
-        return int(word == "last")
-    head, _, k = word.partition(":")
-    return int(k) if head == "last" and k.isdecimal() and int(k) >= 1 else None
-
-
-def recovery_name(recovery_docs: int) -> str:
-    """The recovery mode that computes `recovery_docs` documents with the question."""
-    return "none" if recovery_docs == 0 else "last" if recovery_docs == 1 else f"last:{recovery_docs}"
+        return Recovery(docs=int(word == "last"))
+    head, _, arg = word.partition(":")
+    if head == "last":
+        return Recovery(docs=int(arg)) if arg.isdecimal() and int(arg) >= 1 else None
+    if head != "qattn":
+        return None
+    fraction, slash, runs = arg.partition("/")
+    try:
+        select = float(fraction)
+    except ValueError:
+        return None
+    runs = runs if slash else str(SELECT_RUNS)
+    if not 0 < select <= 1 or not (runs.isdecimal() and 1 <= int(runs) <= MAX_SELECT_RUNS):
+        return None
+    return Recovery(select=select, runs=int(runs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,11 +235,11 @@ SETTINGS = (
     ),
     Variable(
         "VLLM_CHUNK_CACHE_RECOVERY",
-        "recovery_docs",
-        Kind(lambda text: _named(recovery_docs_of(text)), RECOVERY_ACCEPTED),
+        "recovery",
+        Kind(lambda text: _named(recovery_of(text)), RECOVERY_ACCEPTED),
         "none",
-        "the last (K) documents are computed with the question; per request: "
-        "`chunk_cache_recovery` ([prompts](docs/prompts.md))",
+        "the last (K) documents, or the document tokens the question attends to most (`qattn:R`), "
+        "are computed with the question; per request: `chunk_cache_recovery` ([prompts](docs/prompts.md))",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_HOST_GB",
@@ -363,8 +393,8 @@ class ChunkCacheConfig:
     """`sequential` (the default, nearest full attention on every quality set: `docs/quality.md`)
     or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap`
     (`engine_config`)."""
-    recovery_docs: int = _default("recovery_docs")
-    """Documents at the end of a request computed with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
+    recovery: Recovery = _default("recovery")
+    """What of the document region a request computes with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
     host_gb: float = _default("host_gb")
     """Host memory for entries evicted from the device pool (0: no host tier)."""
     remote_config: RemoteConfig | None = None
@@ -391,7 +421,7 @@ class ChunkCacheConfig:
         return (
             f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
             f"pool={pool} lru_threshold={self.lru_threshold:g} "
-            f"hash={self.hash_algorithm} recovery={recovery_name(self.recovery_docs)} "
+            f"hash={self.hash_algorithm} recovery={self.recovery.name} "
             f"host={self.host_gb:g} GiB remote={store}"
         )
 

@@ -116,6 +116,14 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         """Request ids whose outputs must not reach clients: chunk prefills running or just ended."""
         return self.coordinator.take_prefill_ids_to_hide()
 
+    def reposition(self, running: list[Request]) -> None:
+        """Before a step is scheduled: `qattn` requests move to the span they compute next."""
+        self.coordinator.reposition(running)
+
+    def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
+        """How many of `num_new_tokens` `request` may compute from `num_computed_tokens` on."""
+        return self.coordinator.token_cap(request, num_new_tokens, num_computed_tokens)
+
     def on_preempted(self, request: Request) -> None:
         """vLLM's scheduler preempted `request` (it lost its blocks, and with them any loaded chunks)."""
         self.coordinator.on_preempted(request)

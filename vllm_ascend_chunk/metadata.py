@@ -54,6 +54,10 @@ class ChunkCacheInfo(ChunkSpans, array_like=True, frozen=True):
     """Position-free content key of the SYSTEM tokens."""
     chunk_hashes: list[bytes]
     """Position-free content key of each chunk, as computed after SYS (`SYS + C_i`)."""
+    select: float = 0.0
+    """`qattn:R` recovery: the fraction R of the document tokens recomputed in place (0: none)."""
+    select_runs: int = 0
+    """... in at most this many runs (`qattn:R/M`)."""
 
 
 def servable(info: ChunkCacheInfo | None, sampling_params) -> ChunkCacheInfo | None:

@@ -159,6 +159,8 @@ class ChunkCacheMetrics:
     chunk_prefills: int
     external_loads: int
     external_load_tokens: int
+    selections: int
+    selected_tokens: int
     host_hits: int
     host_hit_tokens: int
     remote_hits: int

@@ -27,19 +27,17 @@ def _chunk_worker() -> ChunkCacheWorker | None:
 
 def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> None:
     """`GPUModelRunner._prepare_inputs` (vllm-ascend: `NPUModelRunner`), right after the slot
-    mapping is computed from the logical positions: the RoPE positions of this step's tokens."""
+    mapping is computed from the logical positions: the RoPE positions of this step's tokens, and
+    the batch rows of the `qattn` question pieces to score."""
     from vllm_ascend_chunk.connector import chunk_step_metadata
 
     meta = chunk_step_metadata(scheduler_output.kv_connector_metadata)
-    if meta is None or not meta.position_shifts:
+    if meta is None or not meta.position_shifts or (worker := _chunk_worker()) is None:
         return
-    if (worker := _chunk_worker()) is not None:
-        worker.shift_positions(
-            meta.position_shifts,
-            runner.input_batch.req_ids[:num_reqs],
-            runner.query_start_loc.np[: num_reqs + 1],
-            runner.positions[:num_tokens],
-        )
+    req_ids, query_starts = runner.input_batch.req_ids[:num_reqs], runner.query_start_loc.np[: num_reqs + 1]
+    worker.shift_positions(meta.position_shifts, req_ids, query_starts, runner.positions[:num_tokens])
+    if meta.scores:
+        worker.plan_scores(meta.scores, req_ids, query_starts)
 
 
 def bind_model(model) -> None:

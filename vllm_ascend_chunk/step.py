@@ -34,6 +34,18 @@ class RemoteWrite:
 
 
 @dataclass
+class ScoreSpec:
+    """Score a `qattn` request's question piece computed this step (`scheduler/selection.py`)."""
+
+    first: int
+    """Token index of the piece's first token (its rows follow the request's in the batch)."""
+    key_slots: list[int]
+    """Paged-cache slot of every token of the request before the piece's end."""
+    region: tuple[int, int]
+    """Token indices `[start, end)` of the document region, whose attention weights are summed."""
+
+
+@dataclass
 class ChunkCacheStepMetadata(KVConnectorMetadata):
     load_rows: list[int] = field(default_factory=list)
     """Pool rows to copy into the paged KV cache before the forward ..."""
@@ -62,6 +74,8 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
     position_shifts: dict[str, int] = field(default_factory=dict)
     """Chunk-path requests scheduled this step: request id → amount subtracted from the RoPE
     position of every token they compute (overlap layout: `sum(len(C_i)) - max(len(C_i))`)."""
+    scores: dict[str, ScoreSpec] = field(default_factory=dict)
+    """`qattn` requests whose question piece this step computes: request id → what to score."""
 
 
 @dataclass
@@ -75,13 +89,24 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
     rank has no remote tier, or nothing new to report; the scheduler keeps each rank's last one)."""
     remote_counters: dict[int, dict[str, int]] = field(default_factory=dict)
     """Worker rank → its remote store's running counters (`RemoteStore.stats`)."""
+    scores: dict[str, list[float] | None] = field(default_factory=dict)
+    """`ScoreSpec` request id → per region token, the attention weight the piece's queries gave it,
+    summed over this worker's heads (None: not scored); workers' sums add up."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> ChunkCacheWorkerMetadata:
         assert isinstance(other, ChunkCacheWorkerMetadata)
         reads = {i: ok and other.reads.get(i, False) for i, ok in self.reads.items()}
         reads.update({i: False for i in other.reads.keys() - reads.keys()})
+        scores = dict(self.scores)
+        for rid, theirs in other.scores.items():
+            ours = scores.get(rid, [])
+            if ours is None or theirs is None:
+                scores[rid] = None
+            else:
+                scores[rid] = [a + b for a, b in zip(ours, theirs, strict=True)] if ours else theirs
         return ChunkCacheWorkerMetadata(
             reads=reads,
             remote_up={**self.remote_up, **other.remote_up},
             remote_counters={**self.remote_counters, **other.remote_counters},
+            scores=scores,
         )

@@ -47,7 +47,12 @@ class _ChunkCacheSchedulerMixin:
     def schedule(self):
         for prefill in self.chunk_connector.plan():
             self.add_request(self._prefill_request(prefill))
+        self.chunk_connector.reposition(self.running)
         return super().schedule()
+
+    def chunk_token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
+        """Tokens `request` may compute this step (`scheduler_hooks.cap_new_tokens`)."""
+        return self.chunk_connector.token_cap(request, num_new_tokens, num_computed_tokens)
 
     def _prefill_request(self, prefill: ChunkPrefill) -> Request:
         """A prefill-only request computing `SYS + C_i` exactly (never reads the prefix cache)."""

@@ -103,6 +103,42 @@ def test_recovery_last_in_the_sequential_layout(models_dir: Path):
     assert steps == [(0, 3), (3, 0), (1, 1), (3, 0)]  # the last documents are never looked up
 
 
+def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path):
+    """`VLLM_CHUNK_CACHE_RECOVERY=qattn:0.3/4`: each request scores its documents with its question,
+    recomputes the chosen windows in place and its question again; answers equal the HF reference's
+    `qattn:0.3/4`, cold (chunks computed first) and warm, one by one and batched; a request that
+    asks for `none` gets plain reuse, one with one document nothing recomputed."""
+    docs = [cc.document(700 + i, 50 + 25 * i) for i in range(4)]
+    first = [
+        cc.chunked(cc.SYS, docs[:3], "What is first in these documents?"),
+        cc.chunked(cc.SYS, [docs[3], docs[0], docs[2], docs[1]], "And which one is the longest?"),
+    ]
+    single = [cc.chunked(cc.SYS, [docs[1]], "One document only, what does it say?")]
+    rounds = [
+        {"prompts": first},
+        {"prompts": first, "batch": True},
+        {"prompts": single},
+        {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}},
+    ]
+    env = {"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.3/4"}
+    result = run_engine(models_dir / "tiny-llama", rounds, {"disable_log_stats": False}, env=env)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    selected = 0
+    for rnd, res, what in zip(rounds[:2], result["rounds"], ["cold", "warm batched"], strict=False):
+        for prompt, got in zip(rnd["prompts"], res, strict=True):
+            assert "error" not in got, got
+            exp, ref, compute = cc.qattn_reference(model, raw_tok, prompt, len(got["tokens"]), "qattn:0.3/4")
+            assert got["prompt_ids"] == exp.token_ids
+            assert got["tokens"] == ref.tokens, f"qattn {what}: tokens differ"
+            assert abs(got["logprobs"][0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
+            selected += len(compute)
+    check_round(model, raw_tok, single, result["rounds"][2], 8, "qattn, one document")
+    check_round(model, raw_tok, first[:1], result["rounds"][3], 8, "none per request")
+    states = result["states"]
+    assert states[1]["selections"] == 4 and states[1]["selected_tokens"] == selected
+    assert states[3]["selections"] == 4
+
+
 def test_ngram_speculation_with_chunked_prompts(models_dir: Path):
     """n-gram speculative decoding (drafts from the request's own tokens, no draft layers): chunked
     prompts cold, warm and reordered, answers as the HF reference, with drafts accepted."""

@@ -37,6 +37,11 @@ Budgeted forms (issue 25; `r` = the fraction of region tokens computed, `round(r
   tokens, score every region token; the top `round(r * region)` of C_2..C_n are computed (C_1's
   cached KV is already full attention's). Deterministic; an engine needs only that extra forward
   of the question (`question_attention`).
+- `qattn:r/m` (the engine's `qattn:r`, with m = 16): the same budget in at most `m` runs, so that
+  an engine computes it in at most `m` forwards. The scores come from every question token but
+  the last (the engine's scoring pass must not sample); the region after C_1 is cut into windows
+  of `w = ceil(count / m)` tokens from C_2's first token on, and the `ceil(count / w)` windows of
+  highest summed score are computed (ties: the earlier window).
 - `epicr:r`: EPIC with k chosen to hit the budget: the first `k = round(r * region / (n - 1))`
   tokens of every chunk but the first (capped at the chunk's length; `r >= 1`: every chunk whole).
 - `suffix:last:m`: the whole last `m` chunks (`suffix:last:1` = `suffix:last`).
@@ -186,11 +191,27 @@ def recompute_set(
     if name == "qattn":
         if attention is None:
             raise ValueError("qattn needs the question's attention over the region")
-        count = min(round(float(arg.partition("@")[0]) * region), region - chunk_lens[0])
+        fraction, _, runs = arg.partition("@")[0].partition("/")
+        first = chunk_lens[0]  # C_1's cached KV is full attention's already
+        count = min(round(float(fraction) * region), region - first)
+        if not count:
+            return set()
+        if runs:
+            return _top_windows(attention.float(), first, count, int(runs))
         scores = attention.clone().float()
-        scores[: chunk_lens[0]] = -math.inf  # C_1's cached KV is full attention's already
-        return set(torch.topk(scores, count).indices.tolist()) if count else set()
+        scores[:first] = -math.inf
+        return set(torch.topk(scores, count).indices.tolist())
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def _top_windows(scores: torch.Tensor, first: int, count: int, runs: int) -> set[int]:
+    """`qattn:r/m`: the region after C_1 cut into windows of `ceil(count / m)` tokens from C_2's
+    first token on; the `ceil(count / width)` windows of highest summed score (ties: the earlier)."""
+    width = -(-count // runs)
+    starts = list(range(first, len(scores), width))
+    sums = [float(scores[s : s + width].sum()) for s in starts]
+    best = sorted(range(len(starts)), key=lambda i: (-sums[i], i))[: -(-count // width)]
+    return {t for i in best for t in range(starts[i], min(starts[i] + width, len(scores)))}
 
 
 def ape_setting(mode: str) -> tuple[float, float] | None:
@@ -254,10 +275,19 @@ def _loaded_cache(model, kv: ChunkKV, sys_len: int, starts: list[int]):
 
 @torch.no_grad()
 def question_attention(
-    model, prompt: list[int], sys_len: int, chunk_lens: list[int], layout: str, kv: ChunkKV, layer: int
+    model,
+    prompt: list[int],
+    sys_len: int,
+    chunk_lens: list[int],
+    layout: str,
+    kv: ChunkKV,
+    layer: int,
+    drop_last: bool = False,
 ) -> torch.Tensor:
     """Per region token: the question's attention weight at `layer` over the plainly loaded cache,
-    summed over heads and question tokens (`qattn:r`)."""
+    summed over heads and question tokens (`qattn:r`); `drop_last`: over all but the question's
+    last token (`qattn:r/m`, the engine's form: its scoring pass stops before the token that
+    samples)."""
     starts, q_start = layout_starts(sys_len, chunk_lens, layout)
     cache = _loaded_cache(model, kv, sys_len, starts)
     q_ids = prompt[sys_len + sum(chunk_lens) :]
@@ -269,7 +299,8 @@ def question_attention(
             past_key_values=cache,
             use_cache=True,
         )
-    return weights[0][0, :, :, sys_len : sys_len + sum(chunk_lens)].sum(dim=(0, 1)).float()
+    rows = slice(0, len(q_ids) - 1 if drop_last else None)
+    return weights[0][0, :, rows, sys_len : sys_len + sum(chunk_lens)].sum(dim=(0, 1)).float()
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 import pytest
 
 from tests.helpers import REPO
-from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError, docs_table
+from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError, Recovery, docs_table
 
 
 def test_defaults_match_the_design():
@@ -13,7 +13,7 @@ def test_defaults_match_the_design():
         hash_algorithm="sha256",
         delimiter="# #",
         layout="sequential",
-        recovery_docs=0,
+        recovery=Recovery(),
     )
 
 
@@ -31,10 +31,12 @@ def test_valid_values_are_parsed():
     )
     assert (cfg.enabled, cfg.size_gb, cfg.lru_threshold) == (False, 0.5, 1.0)
     assert (cfg.hash_algorithm, cfg.delimiter, cfg.layout) == ("xxhash", "<doc>", "overlap")
-    assert cfg.recovery_docs == 1
+    assert cfg.recovery == Recovery(docs=1)
     assert "disabled" in cfg.describe()
     on = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "LAST:3"})
-    assert on.recovery_docs == 3 and "recovery=last:3" in on.describe()
+    assert on.recovery == Recovery(docs=3) and "recovery=last:3" in on.describe()
+    select = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.2/8"})
+    assert select.recovery == Recovery(select=0.2, runs=8) and "recovery=qattn:0.2/8" in select.describe()
     assert "pool=auto" in on.describe() and "pool=0.5 GiB" in ChunkCacheConfig(size_gb=0.5).describe()
     assert ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_SIZE_GB": " "}).size_gb is None  # blank: unset
 
@@ -51,7 +53,7 @@ def test_valid_values_are_parsed():
         ("VLLM_CHUNK_CACHE_HASH_ALGORITHM", "md5", "sha256, xxhash"),
         ("VLLM_CHUNK_DELIMITER", "   ", "not blank"),
         ("VLLM_CHUNK_CACHE_LAYOUT", "interleaved", "overlap, sequential"),
-        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last (= last:1), or last:K"),
+        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last (= last:1), last:K with K >= 1, or qattn:R"),
         ("VLLM_CHUNK_CACHE_RECOVERY", "last:0", "last:K with K >= 1"),
         ("VLLM_CHUNK_CACHE_RECOVERY", "last:-1", "last:K with K >= 1"),
         ("VLLM_CHUNK_CACHE_REMOTE_MASTER", "127.0.0.1:99999", "port 1-65535"),

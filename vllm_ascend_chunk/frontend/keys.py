@@ -33,13 +33,24 @@ def hash_fn() -> Callable[[Any], bytes]:
 
 
 def with_keys(
-    spans: ChunkSpans, token_ids: Sequence[int], identity: tuple, hasher: Callable[[Any], bytes]
+    spans: ChunkSpans,
+    token_ids: Sequence[int],
+    identity: tuple,
+    hasher: Callable[[Any], bytes],
+    select: float = 0.0,
+    select_runs: int = 0,
 ) -> ChunkCacheInfo:
-    """`spans` with the keys of SYS and of every chunk."""
+    """`spans` with the keys of SYS and of every chunk (and a `qattn` mode's selection)."""
     ids = list(token_ids)
     sys_hash = hasher((NAMESPACE, *identity, ids[: spans.sys_len]))
     chunk_hashes = [hasher((sys_hash, ids[slice(*spans.chunk_span(i))])) for i in range(spans.num_chunks)]
-    return ChunkCacheInfo(**msgspec.structs.asdict(spans), sys_hash=sys_hash, chunk_hashes=chunk_hashes)
+    return ChunkCacheInfo(
+        **msgspec.structs.asdict(spans),
+        sys_hash=sys_hash,
+        chunk_hashes=chunk_hashes,
+        select=select,
+        select_runs=select_runs,
+    )
 
 
 VOLATILE_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path"})
@@ -98,7 +109,7 @@ def chunk_cache_info(
     if not is_active(vllm_config):
         return None
     # Checked on ordinary prompts too: a typo is a 400.
-    recovery_docs = recovery.requested_recovery_docs(params)
+    mode = recovery.requested_recovery(params)
     spans = engine_input.get(SPANS_KEY)
     if spans is None:
         return None
@@ -114,9 +125,9 @@ def chunk_cache_info(
         or len(token_ids) != spans.num_tokens
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
-    spans = recovery.apply(spans, recovery_docs)
+    spans = recovery.apply(spans, mode.docs)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
-    info = with_keys(spans, token_ids, identity, hash_fn())
+    info = with_keys(spans, token_ids, identity, hash_fn(), mode.select, mode.runs)
     check_fits(info, pool_geometry(vllm_config))
     return info
 

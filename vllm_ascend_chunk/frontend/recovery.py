@@ -9,6 +9,9 @@ loads SYS + C_1..C_{n-1} and the request's own prefill computes C_n + Q. The las
 entry is neither read nor written by such a request. `last:K`: the same for the last K
 documents (all of them when a request has fewer: an ordinary causal prompt after SYS).
 
+`qattn:R[/M]`: the spans stay; the request's `ChunkCacheInfo` carries the fraction and the runs,
+and the scheduler recomputes the selected tokens in place (`scheduler/selection.py`).
+
 The mode is the server's `VLLM_CHUNK_CACHE_RECOVERY`, or per request `chunk_cache_recovery` in
 `vllm_xargs` (OpenAI server) or `SamplingParams.extra_args` (offline).
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-from vllm_ascend_chunk.config import RECOVERY_ACCEPTED, get_config, recovery_docs_of
+from vllm_ascend_chunk.config import RECOVERY_ACCEPTED, Recovery, get_config, recovery_of
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.metadata import ChunkSpans
 
@@ -25,17 +28,17 @@ RECOVERY_KEY = "chunk_cache_recovery"
 """Name of the per-request choice in `vllm_xargs` and `SamplingParams.extra_args`."""
 
 
-def requested_recovery_docs(params: object) -> int:
-    """How many documents at the end of a request are computed with its question: its
-    `chunk_cache_recovery`, else the server's `VLLM_CHUNK_CACHE_RECOVERY`."""
+def requested_recovery(params: object) -> Recovery:
+    """The recovery mode of a request: its `chunk_cache_recovery`, else the server's
+    `VLLM_CHUNK_CACHE_RECOVERY`."""
     extra = getattr(params, "extra_args", None)
     if not extra or RECOVERY_KEY not in extra:
-        return get_config().recovery_docs
+        return get_config().recovery
     value = extra[RECOVERY_KEY]
-    recovery_docs = recovery_docs_of(value) if isinstance(value, str) else None
-    if recovery_docs is None:
+    mode = recovery_of(value) if isinstance(value, str) else None
+    if mode is None:
         raise ChunkPromptError(f"'{RECOVERY_KEY}' must be {RECOVERY_ACCEPTED}; got {value!r}")
-    return recovery_docs
+    return mode
 
 
 def apply(spans: ChunkSpans, recovery_docs: int) -> ChunkSpans:

@@ -5,6 +5,10 @@ positions), so they must never serve an ordinary request as a prefix hit. Their 
 hash gets an extra key naming the chunk structure and layout; hashes chain, so every later
 block is namespaced too, while requests with the same structure still share blocks.
 
+A `qattn` request rewrites the K/V of its blocks while it runs, and what it leaves there depends
+on its question: its key names the request itself, so that no other request ever shares its
+blocks (and the request reads no prefix cache: `coordinator.on_new_request`).
+
 The key shares vLLM's extra-keys list with the request's `cache_salt` and LoRA name (strings),
 prompt-embeds hashes (bytes) and multi-modal keys (`(identifier, offset)` pairs), so it is a
 4-tuple: no value a client controls can equal it, and vLLM's block hashers (pickle- and
@@ -24,4 +28,7 @@ def block_hash_keys(request, start_token_idx: int) -> list[ChunkBlockKey]:
     info = getattr(request, "chunk_cache", None)
     if info is None or start_token_idx != 0:
         return []
-    return [(NAMESPACE, get_config().layout, info.sys_len, tuple(info.chunk_lens))]
+    layout = get_config().layout
+    if getattr(info, "select", 0):
+        layout = f"{layout}/qattn:{request.request_id}"
+    return [(NAMESPACE, layout, info.sys_len, tuple(info.chunk_lens))]

@@ -23,6 +23,9 @@ On the decode instance of a P/D pair, R may instead be loaded by another connect
 prefill instance computed, `ChunkCacheMultiConnector`): `load_elsewhere`, WAITING → EXTERNAL, it
 is never planned and the chunk cache only places its computed tokens (step 5);
 `serve_here`, EXTERNAL → WAITING, if that connector no longer covers its chunk region.
+A `qattn` request (its `Selection`) then computes its own prefill in passes: the scheduler asks
+`token_cap` how far it may compute and `reposition` where it continues, and the workers' scores
+come back with the step's report.
 A prefill's tokens are copied from its paged-cache slots into its pending entries after each step
 that computes them (`save_rows`/`save_slots`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
@@ -50,7 +53,14 @@ from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead, RemoteWrite
+from vllm_ascend_chunk.scheduler.selection import Selection
+from vllm_ascend_chunk.step import (
+    ChunkCacheStepMetadata,
+    ChunkCacheWorkerMetadata,
+    RemoteRead,
+    RemoteWrite,
+    ScoreSpec,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -101,6 +111,10 @@ class UserRequest:
     """Pinned SYS entry (if any) followed by one entry per chunk, while PLANNED or LOADING."""
     counted: bool = False
     """Its chunks have been counted in the hit/miss statistics (once per request)."""
+    selection: Selection | None = None
+    """Its `qattn` passes (None: it recomputes nothing in place)."""
+    block_ids: list[int] = field(default_factory=list)
+    """Its paged-cache blocks, tracked while it has a selection (the scores read its keys)."""
 
     def needs(self) -> list[tuple[bytes, int]]:
         sys = [(self.info.sys_hash, self.info.sys_len)] if self.info.sys_len else []
@@ -271,8 +285,15 @@ class ChunkCacheCoordinator:
     def on_new_request(self, request: Request) -> None:
         """Register a chunk-path request; others, chunk prefills included, carry no `chunk_cache`."""
         info = getattr(request, "chunk_cache", None)
-        if info is not None:
-            self.users[request.request_id] = UserRequest(request=request, info=info)
+        if info is None:
+            return
+        user = self.users[request.request_id] = UserRequest(request=request, info=info)
+        if info.select:
+            user.selection = Selection.for_spans(info, info.select, info.select_runs)
+        if user.selection is not None:
+            # Its blocks are rewritten while it runs: no one, itself after a preemption included,
+            # may take them as a prefix (its block keys are its own: `block_keys`).
+            request.skip_reading_prefix_cache = True
 
     def owns(self, request: Request) -> bool:
         """A chunk-path request (registered) or a chunk prefill."""
@@ -302,6 +323,8 @@ class ChunkCacheCoordinator:
             self._to_loaded(user)
             return
         assert user.ready, f"{request.request_id} admitted before its chunks were resident"
+        if user.selection is not None:
+            user.block_ids = list(blocks.get_block_ids()[0])
         end = user.info.question_start
         start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
@@ -371,12 +394,52 @@ class ChunkCacheCoordinator:
                 for rid in scheduler_output.num_scheduled_tokens
                 if rid in self.users
             },
+            scores=self._scores(scheduler_output),
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
         for user in self._step.loaded:
             self._to_loaded(user)
         self._step = _Step()
         return meta
+
+    def _scores(self, scheduler_output) -> dict[str, ScoreSpec]:
+        """The question pieces of `qattn` requests the workers score this step."""
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid, new_blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            user = self.users.get(rid)
+            if user is not None and user.selection is not None and new_blocks:
+                user.block_ids += new_blocks[0]
+        specs = {}
+        for rid, num in scheduler_output.num_scheduled_tokens.items():
+            user = self.users.get(rid)
+            if user is None or user.selection is None:
+                continue
+            first = user.request.num_computed_tokens
+            if user.selection.scheduled(first, num):
+                slots = [slot_of(user.block_ids, self.block_size, t) for t in range(first + num)]
+                region = (user.info.sys_len, user.info.question_start)
+                specs[rid] = ScoreSpec(first=first, key_slots=slots, region=region)
+        return specs
+
+    def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
+        """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on."""
+        user = self.users.get(request.request_id)
+        if user is None or user.selection is None or user.status is UserStatus.EXTERNAL:
+            return num_new_tokens
+        return user.selection.cap(num_computed_tokens, num_new_tokens)
+
+    def reposition(self, running: Sequence[Request]) -> None:
+        """Start of a schedule: move running `qattn` requests to the span they compute next."""
+        for request in running:
+            user = self.users.get(request.request_id)
+            if user is None or user.selection is None:
+                continue
+            start = user.selection.reposition(request.num_computed_tokens)
+            if start is not None:
+                request.num_computed_tokens = start
+                if user.selection.cursor == 0:
+                    self.manager.stats.selections += 1
+                    self.manager.stats.selected_tokens += user.selection.recomputed
 
     def update_connector_output(self, report: ChunkCacheWorkerMetadata | None) -> None:
         """The workers' report of a step: remote reads ended, the store's state and counters."""
@@ -400,6 +463,12 @@ class ChunkCacheCoordinator:
             entry = self.reads.pop(read_id)
             if self.manager.fetched(entry, ok):
                 self.unread.append(entry)
+        for rid, scores in report.scores.items():
+            user = self.users.get(rid)
+            if user is not None and user.selection is not None and user.selection.pending:
+                user.selection.reported(scores)
+                if scores is None:
+                    logger.warning("Chunk Cache: %s could not be scored; served without recompute", rid)
 
     def load_elsewhere(self, request: Request, num_tokens: int) -> None:
         """Another connector loads R's first `num_tokens` tokens, its chunk region included (the
@@ -426,6 +495,8 @@ class ChunkCacheCoordinator:
         user = self.users.get(request.request_id)
         if user is not None:
             self._unplan(user)
+            if user.selection is not None:
+                user.selection.restart()
 
     def request_finished(self, request: Request) -> None:
         prefill = self.prefills.pop(request.request_id, None)

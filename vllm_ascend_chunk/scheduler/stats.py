@@ -39,6 +39,10 @@ class ChunkCacheStats:
         "Chunked prompts whose KV, chunk region included, another connector loaded (P/D decode)."
     )
     external_load_tokens: int = _counter("Tokens of the chunked prompts another connector loaded.")
+    selections: int = _counter(
+        "Requests (`qattn` recovery) that recomputed the document tokens their question chose."
+    )
+    selected_tokens: int = _counter("Document tokens those requests recomputed in place.")
     host_hits: int = _counter("Chunk occurrences copied back from the host-memory tier.")
     host_hit_tokens: int = _counter("Tokens of the host-tier hits.")
     remote_hits: int = _counter("Chunk occurrences read from the remote store.")

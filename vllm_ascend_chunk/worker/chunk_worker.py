@@ -6,8 +6,9 @@ logical positions) lowers the RoPE positions of chunk-path requests in the overl
 remote reads and copies pool rows into slots; `save` (connector `wait_for_save`, after the
 forward) copies the slots that chunk prefills wrote into pool rows and queues the remote writes;
 `report` (connector `build_connector_worker_meta`, the step's end, with or without a forward)
-finishes the remote reads. Nothing runs inside the attention op, so a forward replayed from a
-graph is handled the same.
+finishes the remote reads and returns the `qattn` scores. Nothing but the scorer
+(`worker/scoring.py`, one layer, only in steps with question pieces to score) runs inside the
+attention op, so a forward replayed from a graph is handled the same.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vllm_ascend_chunk.ops.dispatch import make_kv_loader, make_kv_reader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
+from vllm_ascend_chunk.worker.scoring import QuestionScorer, score_layer_index
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.worker.remote_tier import RemoteTier
@@ -50,8 +52,14 @@ class ChunkCacheWorker:
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._model_bound = False
         self.remote_tier: RemoteTier | None = None
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self.scorer: QuestionScorer | None = None
+        """Scores `qattn` question pieces, if this worker holds the scoring layer."""
+        self._unscored: list[str] = []
+        """Pieces of this step no worker here can score (no scoring layer on a single stage)."""
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._kv_caches = kv_caches
         layers = self.vllm_config.compilation_config.static_forward_context
         staging = Staging()
         loaders = [
@@ -65,8 +73,10 @@ class ChunkCacheWorker:
             self.remote_tier = _connect_remote_tier(self.vllm_config, self.geometry)
 
     def bind_model(self, model) -> None:
-        """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
+        """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up).
+        Every layout: wrap the scoring layer's attention (`qattn`)."""
         self._model_bound = True
+        self._bind_scorer()
         if not LAYOUTS[get_config().layout].rotates_loaded_keys:
             return
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
@@ -90,6 +100,23 @@ class ChunkCacheWorker:
             self.rotary.rotary_dim,
             self.rotary.is_neox_style,
         )
+
+    def _bind_scorer(self) -> None:
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        target = score_layer_index(self.vllm_config)
+        layers = self.vllm_config.compilation_config.static_forward_context
+        for name, kv in self._kv_caches.items():
+            if extract_layer_index(name) == target and name in layers:
+                self.scorer = QuestionScorer(layers[name], make_kv_reader(kv, self.vllm_config))
+                return
+
+    def plan_scores(self, specs: dict, req_ids: list[str], query_starts: np.ndarray) -> None:
+        """This step's `qattn` question pieces (`ScoreSpec` by request id) and their batch rows."""
+        if self.scorer is not None:
+            self.scorer.plan(specs, req_ids, query_starts)
+        elif self.vllm_config.parallel_config.pipeline_parallel_size == 1:
+            self._unscored = list(specs)  # the layer is nowhere: served without recompute
 
     @staticmethod
     def shift_positions(
@@ -140,7 +167,13 @@ class ChunkCacheWorker:
 
     def report(self) -> ChunkCacheWorkerMetadata | None:
         """The step's end: remote reads finished into the pool, and what the scheduler must know."""
-        return self.remote_tier.finish(self.pool) if self.remote_tier is not None else None
+        report = self.remote_tier.finish(self.pool) if self.remote_tier is not None else None
+        scores = self.scorer.take() if self.scorer is not None else dict.fromkeys(self._unscored)
+        self._unscored = []
+        if scores:
+            report = report or ChunkCacheWorkerMetadata()
+            report.scores = scores
+        return report
 
     def shutdown(self) -> None:
         if self.remote_tier is not None:

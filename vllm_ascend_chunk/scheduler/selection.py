@@ -1,0 +1,162 @@
+"""The `qattn:R[/M]` recovery mode: the document tokens the question attends to most, recomputed in
+place (`docs/design.md`, Recovery).
+
+A request in this mode loads its chunks as every chunk-path request does, then runs its own
+prefill in three passes, each an ordinary chunked-prefill piece of the request (vLLM's causal
+paged attention, no other kernel):
+
+1. **scoring**: the question but its last token, `[R, N-1)`, over the plainly loaded region (the
+   last token would sample). At one layer the workers add up, per region token, the attention
+   weight every head of every computed question token gives it (`worker/scoring.py`), and report
+   the sums.
+2. **runs**: the region after C_1 is cut into windows of `w = ceil(count / M)` tokens, `count =
+   round(R * region)` (at most the region after C_1, whose cached K/V is already full
+   attention's); the `ceil(count / w)` windows with the highest sums (ties: the earlier) are
+   recomputed in prompt order, adjacent ones as one run. For each run the scheduler moves the
+   request's computed-token count back to the run's first token; the run overwrites the loaded
+   K/V of its slots and attends causally to every slot before it: loaded tokens, and the runs
+   before it already recomputed. That is the in-place plan of the HF reference
+   (`tests/helpers/hf_recovery.py`, `qattn:r/m`).
+3. **question**: the count moves to R and the question is computed again (its scoring-pass K/V saw
+   the plain region); the request then samples and decodes as usual.
+
+Nothing is recomputed (the request is served as plain reuse, the scoring pass's K/V kept and only
+the last token computed) when the question has one token, the request one document, or the
+workers could not score (a forward replayed from a full CUDA graph runs no Python).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from vllm_ascend_chunk.metadata import ChunkSpans
+
+
+class Phase(enum.Enum):
+    SCORING = "scoring"
+    """Computing `[R, N-1)`; each piece is scored by the workers."""
+    AWAITING = "awaiting"
+    """Every scoring piece scheduled, not every report back: the request is not scheduled."""
+    RUNS = "runs"
+    """Recomputing the selected runs, then the question."""
+    DONE = "done"
+    """Ordinary from here (the question's last pass, then decoding)."""
+
+
+def select_windows(scores: list[float], first: int, count: int, runs: int) -> list[tuple[int, int]]:
+    """Region offsets `[start, end)` of the runs to recompute: windows of `ceil(count / runs)`
+    tokens from offset `first` on, the `ceil(count / width)` best by summed score (ties: the
+    earlier), adjacent ones merged, in prompt order."""
+    width = -(-count // runs)
+    starts = range(first, len(scores), width)
+    sums = [math.fsum(scores[s : s + width]) for s in starts]
+    best = sorted(sorted(range(len(starts)), key=lambda i: (-sums[i], i))[: -(-count // width)])
+    merged: list[tuple[int, int]] = []
+    for i in best:
+        start, end = starts[i], min(starts[i] + width, len(scores))
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+@dataclass
+class Selection:
+    """One `qattn` request's passes (`Phase`), as token indices of the request."""
+
+    sys_len: int
+    question_start: int
+    num_tokens: int
+    count: int
+    """Region tokens to recompute (before rounding up to whole windows)."""
+    first: int
+    """Region offset of C_2's first token: tokens before it are never selected."""
+    max_runs: int
+    phase: Phase = Phase.SCORING
+    scores: list[float] = field(default_factory=list)
+    pending: int = 0
+    """Scoring pieces sent to the workers and not yet reported."""
+    failed: bool = False
+    """A piece came back unscored: nothing is recomputed."""
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    """Token spans computed after scoring: the runs, then the question."""
+    cursor: int = -1
+
+    @classmethod
+    def for_spans(cls, spans: ChunkSpans, fraction: float, max_runs: int) -> Selection | None:
+        """The passes of a request with these spans, or None if it recomputes nothing."""
+        region = sum(spans.chunk_lens)
+        first = spans.chunk_lens[0] if spans.chunk_lens else 0
+        count = min(round(fraction * region), region - first)
+        if count <= 0 or spans.question_len < 2:
+            return None
+        return cls(spans.sys_len, spans.question_start, spans.num_tokens, count, first, max_runs)
+
+    @property
+    def score_end(self) -> int:
+        return self.num_tokens - 1
+
+    @property
+    def recomputed(self) -> int:
+        """Region tokens the runs recompute (0 until selected)."""
+        return sum(end - start for start, end in self.spans[:-1])
+
+    def restart(self) -> None:
+        """The request lost its blocks (preempted): everything starts again with its next load."""
+        self.phase, self.scores, self.pending, self.failed = Phase.SCORING, [], 0, False
+        self.spans, self.cursor = [], -1
+
+    def cap(self, num_computed: int, num_new: int) -> int:
+        """Tokens the request may compute from `num_computed` on (`num_new` asked)."""
+        if self.phase is Phase.SCORING:
+            return min(num_new, self.score_end - num_computed)
+        if self.phase is Phase.AWAITING:
+            return 0
+        if self.phase is Phase.RUNS:
+            return min(num_new, self.spans[self.cursor][1] - num_computed)
+        return num_new
+
+    def scheduled(self, first: int, num: int) -> bool:
+        """A piece `[first, first + num)` was scheduled; True if the workers must score it."""
+        if self.phase is not Phase.SCORING:
+            return False
+        self.pending += 1
+        if first + num >= self.score_end:
+            self.phase = Phase.AWAITING
+        return True
+
+    def reported(self, scores: list[float] | None) -> None:
+        """The workers' sums for one scored piece (None: they could not score it)."""
+        self.pending -= 1
+        if scores is None:
+            self.failed = True
+        elif self.scores:
+            self.scores = [a + b for a, b in zip(self.scores, scores, strict=True)]
+        else:
+            self.scores = list(scores)
+        if self.phase is Phase.AWAITING and self.pending == 0:
+            self._select()
+
+    def _select(self) -> None:
+        if self.failed:
+            self.phase = Phase.DONE  # plain reuse: the scoring pass's K/V stands
+            return
+        runs = select_windows(self.scores, self.first, self.count, self.max_runs)
+        self.spans = [(self.sys_len + a, self.sys_len + b) for a, b in runs]
+        self.spans.append((self.question_start, self.num_tokens))
+        self.phase = Phase.RUNS
+
+    def reposition(self, num_computed: int) -> int | None:
+        """At the start of a schedule: the computed-token count the request moves to, if any (the
+        first run's start, or the next span's once the current one is scheduled to its end)."""
+        if self.phase is not Phase.RUNS:
+            return None
+        if self.cursor >= 0 and num_computed < self.spans[self.cursor][1]:
+            return None
+        self.cursor += 1
+        if self.cursor == len(self.spans) - 1:
+            self.phase = Phase.DONE
+        return self.spans[self.cursor][0]
