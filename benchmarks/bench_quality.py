@@ -11,6 +11,7 @@ Every configuration gets the same token ids, `SYS + C_1 + ... + C_n + Q`, in a f
 | `sequential` | chunk cache on, `VLLM_CHUNK_CACHE_LAYOUT=sequential` | the ids with `chunk_spans` |
 | `overlap+last`, `+last:2` | as `overlap`, `VLLM_CHUNK_CACHE_RECOVERY=last` / `last:2` | as `overlap` |
 | `sequential+last`, `+last:2` | as `sequential`, the same recovery | as `sequential` |
+| `sequential+qattn:0.1`, `+qattn:0.15`, `+qattn:0.2` | as `sequential`, that `qattn` | as `sequential` |
 
 With `last` (`last:2`) the engine computes the last document (two documents) with the question
 instead of loading it.
@@ -31,10 +32,12 @@ greedy token ids), the KL divergence KL(full || config) of the first answer toke
 from the top-20 logprobs of both (`quality_data.kl_topk` states the treatment of the missing
 tail), warm TTFT (vLLM's per-request first-token latency, `RequestOutput.metrics`), and the
 recompute fraction (`1 - num_cached_tokens / prompt tokens` on the measured request: the
-question alone when every document is loaded; 1.0 for `full`). A recovery configuration also
-sends each measured request with recovery off (`paired_plain`, just before or just after it, in
-turn) and reports the median of its TTFT over that plain reuse of the same ids in the same
-engine: a ratio that drifting load on a shared machine does not skew.
+question alone when every document is loaded; 1.0 for `full`; with `qattn`, plus the document
+tokens it recomputed in place, `vllm:chunk_cache_selected_tokens_total` read around the
+request). A recovery configuration also sends each measured request with recovery off
+(`paired_plain`, just before or just after it, in turn) and reports the median of its TTFT over
+that plain reuse of the same ids in the same engine: a ratio that drifting load on a shared
+machine does not skew.
 
     .venv/bin/python -m benchmarks.bench_quality --synthetic 100 --docs 5 --doc-tokens 150 \\
         --out benchmarks/quality_cpu_synthetic.json
@@ -66,6 +69,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 PRIME_QUESTION = "What are these documents about?"
 TOP_K = 20
+QATTN = ("qattn:0.1", "qattn:0.15", "qattn:0.2")
+"""The `qattn` budgets benchmarked (issue 25: 10, 15 and 20 % of the document tokens)."""
 
 CONFIGS: dict[str, dict] = {
     "full": {"env": {"VLLM_ENABLE_CHUNK_CACHE": "false"}, "prefix_caching": False, "chunked": False},
@@ -90,7 +95,7 @@ CONFIGS: dict[str, dict] = {
             "chunked": True,
             "paired_plain": True,
         }
-        for mode in ("last", "last:2")
+        for mode in ("last", "last:2", *QATTN)
         for layout in ("overlap", "sequential")
     },
 }
@@ -108,6 +113,8 @@ def worker(spec_path: Path, out_path: Path) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
+    from vllm_ascend_chunk.metrics import chunk_cache_metrics
+
     start = time.time()
     llm = LLM(
         spec["model"],
@@ -124,10 +131,15 @@ def worker(spec_path: Path, out_path: Path) -> None:
     prime = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"chunk_cache_recovery": "none"})
     plain = prime  # the measured ids with recovery off: plain reuse, timed next to the measured request
 
+    def selected_tokens() -> int:
+        """Document tokens recomputed in place so far (`qattn`)."""
+        return chunk_cache_metrics(llm).selected_tokens if config["chunked"] else 0
+
     def send(sample: dict, key: str, params) -> dict:
         prompt = {"prompt_token_ids": sample[key]["ids"]}
         if config["chunked"]:
             prompt["chunk_spans"] = sample[key]["spans"]
+        before = selected_tokens()
         t0 = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         wall = time.perf_counter() - t0
@@ -138,6 +150,7 @@ def worker(spec_path: Path, out_path: Path) -> None:
             "wall_s": wall,
             "prompt_tokens": len(out.prompt_token_ids),
             "cached_tokens": out.num_cached_tokens,
+            "selected_tokens": selected_tokens() - before,
             "tokens": list(gen.token_ids),
             "text": gen.text,
         }
@@ -213,7 +226,7 @@ def score(result: dict, items: list[qd.QAItem], tokenizer) -> dict:
                     {int(t): v for t, v in ref["first_logprobs"].items()},
                     {int(t): v for t, v in row["first_logprobs"].items()},
                 ),
-                recompute=1.0 - row["cached_tokens"] / row["prompt_tokens"],
+                recompute=1.0 - (row["cached_tokens"] - row.get("selected_tokens", 0)) / row["prompt_tokens"],
             )
         cfg["summary"] = summarize(cfg["rows"])
     return result

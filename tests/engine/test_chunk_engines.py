@@ -107,7 +107,8 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path):
     """`VLLM_CHUNK_CACHE_RECOVERY=qattn:0.3/4`: each request scores its documents with its question,
     recomputes the chosen windows in place and its question again; answers equal the HF reference's
     `qattn:0.3/4`, cold (chunks computed first) and warm, one by one and batched; a request that
-    asks for `none` gets plain reuse, one with one document nothing recomputed."""
+    asks for `none` gets plain reuse, one with one document nothing recomputed. A 32-token step
+    budget splits the runs and the batched requests' passes into several pieces."""
     docs = [cc.document(700 + i, 50 + 25 * i) for i in range(4)]
     first = [
         cc.chunked(cc.SYS, docs[:3], "What is first in these documents?"),
@@ -121,7 +122,8 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path):
         {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}},
     ]
     env = {"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.3/4"}
-    result = run_engine(models_dir / "tiny-llama", rounds, {"disable_log_stats": False}, env=env)
+    engine = {"disable_log_stats": False, "max_num_batched_tokens": 32, "max_num_seqs": 4}
+    result = run_engine(models_dir / "tiny-llama", rounds, engine, env=env)
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
     selected = 0
     for rnd, res, what in zip(rounds[:2], result["rounds"], ["cold", "warm batched"], strict=False):

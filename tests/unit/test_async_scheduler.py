@@ -151,6 +151,62 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
     assert "ended early" not in caplog.text
 
 
+def test_qattn_passes_under_async_scheduling(scheduler):
+    """A `qattn` request's passes when each step's output (the workers' scores included) arrives
+    one step late: the scoring piece stops before the question's last token, the request is not
+    scheduled until its scores are back, then computes each chosen run and its question again
+    as pieces of its own prefill, and samples only at the end."""
+    from vllm import SamplingParams
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from vllm_ascend_chunk.connector import chunk_step_metadata
+    from vllm_ascend_chunk.frontend.keys import hash_fn, with_keys
+    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
+
+    spans = ChunkSpans(sys_len=5, chunk_lens=[40, 30, 50], question_len=10)  # region 5..124, N = 135
+    ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
+    # 0.3 of 120 = 36 tokens in 2 runs: windows of 18 from C_2 (offset 40) on.
+    info = with_keys(spans, ids, ("tiny", "float32"), hash_fn(), select=0.3, select_runs=2)
+    user = Request(
+        request_id="q",
+        prompt_token_ids=ids,
+        sampling_params=SamplingParams(max_tokens=3, temperature=0.0),
+        pooling_params=None,
+        arrival_time=time.time(),
+        chunk_cache=info,
+        block_hasher=scheduler._prefill_block_hasher,
+    )
+    scheduler.add_request(user)
+    scores = [0.0] * 120
+    scores[60] = scores[100] = 1.0  # in windows 58-76 and 94-112
+    pieces, in_flight, finished = [], deque(), []
+    for _ in range(60):
+        out = scheduler.schedule()
+        if "q" in out.num_scheduled_tokens:
+            first = next((n.num_computed_tokens for n in out.scheduled_new_reqs if n.req_id == "q"), None)
+            cached = out.scheduled_cached_reqs
+            if first is None:
+                first = cached.num_computed_tokens[cached.req_ids.index("q")]
+            pieces.append((first, out.num_scheduled_tokens["q"]))
+        output = synthetic_output(out, scheduler, TOKEN)
+        specs = chunk_step_metadata(out.kv_connector_metadata).scores
+        report = ChunkCacheWorkerMetadata(scores={rid: list(scores) for rid in specs})
+        output.kv_connector_output = KVConnectorOutput(kv_connector_worker_meta=report)
+        in_flight.append((out, output))
+        if len(in_flight) == 2 or not out.num_scheduled_tokens:
+            for eco in scheduler.update_from_output(*in_flight.popleft()).values():
+                finished += [o for o in eco.outputs if o.finish_reason is not None]
+        if finished:
+            break
+    assert pieces[:4] == [(125, 9), (63, 18), (99, 18), (125, 10)]
+    assert [p[1] for p in pieces[4:]] == [1, 1]  # then two decode steps
+    assert [o.request_id for o in finished] == ["q"] and finished[0].new_token_ids == [TOKEN]
+    assert scheduler.requests == {} or "q" not in scheduler.requests
+    stats = scheduler.connector.coordinator.manager.stats
+    assert (stats.selections, stats.selected_tokens) == (1, 36)
+
+
 # -- random sequences ------------------------------------------------------------------------
 SYSTEMS = [(), tuple(range(3, 8)), tuple(range(10, 22))]
 """SYS prompts (none, one page, two pages)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from vllm_ascend_chunk.metadata import ChunkSpans
@@ -25,9 +26,9 @@ def hasher(hash_name: str) -> Callable[..., list[bytes]]:
     hash_fn = get_hash_fn_by_name(hash_name)
     init_none_hash(hash_fn)  # random per call without PYTHONHASHSEED: once per comparison
 
-    def block_hashes(**kwargs) -> list[bytes]:
+    def block_hashes(request_id: str = "r", **kwargs) -> list[bytes]:
         request = Request(
-            "r",
+            request_id,
             TOKENS,
             SamplingParams(max_tokens=1),
             None,
@@ -56,3 +57,18 @@ def test_chunk_structure_and_salt_both_namespace_blocks():
     salted = block_hashes(chunk_cache=INFO, cache_salt="tenant")
     other = block_hashes(chunk_cache=ChunkSpans(sys_len=5, chunk_lens=[9, 20], question_len=6))
     assert len({chunk[0], salted[0], other[0]}) == 3
+
+
+def test_a_qattn_request_shares_its_blocks_with_no_one():
+    """Its blocks are rewritten while it runs, with what its own question chose."""
+    from vllm_ascend_chunk.metadata import ChunkCacheInfo
+
+    block_hashes = hasher("sha256_cbor")
+    keys = {"sys_hash": b"s", "chunk_hashes": [b"a", b"b"]}
+    qattn = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys, select=0.2, select_runs=16)
+    plain = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys)
+    mine = block_hashes("q1", chunk_cache=qattn)
+    assert mine == block_hashes("q1", chunk_cache=qattn)
+    assert block_hashes("q1", chunk_cache=plain) == block_hashes("q2", chunk_cache=plain)
+    others = block_hashes("q2", chunk_cache=qattn) + block_hashes("q1", chunk_cache=plain)
+    assert not set(mine) & set(others)

@@ -1,0 +1,149 @@
+"""The `qattn` recovery mode without an engine: the window choice, a request's passes as the
+coordinator drives them (caps, where it resumes, what the workers score), the workers' weights
+against a per-query softmax, and the merge of several workers' reports. Through an engine,
+against the HF reference: `tests/engine/test_chunk_engines.py`."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from tests.unit.test_coordinator import FakeNewRequest, FakeOutput, blocks_for, coordinator, user_request
+from vllm_ascend_chunk.metadata import ChunkSpans
+from vllm_ascend_chunk.paging import slot_of
+from vllm_ascend_chunk.scheduler.selection import Phase, Selection, select_windows
+from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.worker.scoring import region_weights
+
+
+def test_windows_are_the_best_sums_merged_in_prompt_order():
+    scores = [9.0] * 4 + [0, 0, 5, 5, 1, 1, 6, 6, 0, 0, 2]
+    # count 6 in 3 runs: windows of 2 from offset 4, sums 0, 10, 2, 12, 0, 2 (short last one);
+    # the best three: 10-12, 6-8 and 8-10 (2, the earlier of a tie), merged.
+    assert select_windows(scores, 4, 6, 3) == [(6, 12)]
+    assert select_windows(scores, 4, 3, 3) == [(6, 7), (10, 12)]  # tokens 10, 11, then 6 (tie with 7)
+    assert select_windows(scores, 4, 2, 1) == [(10, 12)]  # C_1 (offsets < 4) never, however high
+
+
+def test_window_ties_and_short_last_window():
+    assert select_windows([0.0] * 10, 3, 4, 2) == [(3, 7)]  # ties: the earliest windows
+    assert select_windows([0, 0, 0, 0, 0, 0, 0, 1.0], 2, 5, 2) == [(2, 8)]  # windows of 3: 2-5, 5-8
+    assert select_windows([0, 0, 1.0, 0, 0, 0, 0, 3.0], 1, 3, 3) == [(1, 3), (7, 8)]
+
+
+SPANS = ChunkSpans(sys_len=3, chunk_lens=[4, 6, 5], question_len=4)
+"""Region tokens 3..17 (C_1 3..6), question 18..21: N = 22."""
+
+
+def test_nothing_to_recompute():
+    assert Selection.for_spans(SPANS, 0.01, 4) is None  # round(0.15) = 0 tokens
+    assert Selection.for_spans(msgspec.structs.replace(SPANS, chunk_lens=[9]), 0.5, 4) is None  # C_1 only
+    assert Selection.for_spans(msgspec.structs.replace(SPANS, question_len=1), 0.5, 4) is None  # no scoring
+    assert Selection.for_spans(SPANS, 1.0, 4).count == 11  # at most the region after C_1
+
+
+def test_the_passes_of_one_request():
+    sel = Selection.for_spans(SPANS, 0.3, 2)  # count round(4.5) = 4, windows of 2
+    assert (sel.count, sel.first, sel.score_end) == (4, 4, 21)
+    assert sel.cap(18, 100) == 3 and sel.cap(18, 2) == 2  # scoring stops before the last token
+    assert sel.scheduled(18, 2) and sel.phase is Phase.SCORING  # a chunked-prefill piece
+    assert sel.scheduled(20, 1) and sel.phase is Phase.AWAITING and sel.cap(21, 1) == 0
+    assert sel.reposition(21) is None  # nothing until every piece is reported
+    region = [0.0] * 15
+    region[9], region[12] = 1.0, 2.0  # windows from offset 4: [8, 10) and [12, 14)
+    sel.reported(region)
+    assert sel.phase is Phase.AWAITING
+    sel.reported([0.0] * 8 + [0.5] + [0.0] * 6)  # the second piece's sums add up
+    assert sel.phase is Phase.RUNS and sel.spans == [(3 + 8, 3 + 10), (3 + 12, 3 + 14), (18, 22)]
+    assert sel.recomputed == 4
+    assert sel.reposition(21) == 11 and sel.cap(11, 100) == 2 and sel.cap(11, 1) == 1
+    assert sel.reposition(12) is None  # half the run scheduled: continue
+    assert sel.reposition(13) == 15 and sel.phase is Phase.RUNS
+    assert sel.reposition(17) == 18 and sel.phase is Phase.DONE  # the question again
+    assert sel.cap(18, 100) == 100 and not sel.scheduled(18, 4) and sel.reposition(22) is None
+
+
+def test_an_unscored_piece_serves_plain_reuse():
+    sel = Selection.for_spans(SPANS, 0.3, 2)
+    sel.scheduled(18, 3)
+    sel.reported(None)
+    assert sel.phase is Phase.DONE and sel.reposition(21) is None and sel.cap(21, 1) == 1
+
+
+def test_restart_after_preemption():
+    sel = Selection.for_spans(SPANS, 0.3, 2)
+    sel.scheduled(18, 3)
+    sel.reported([1.0] * 15)
+    assert sel.phase is Phase.RUNS
+    sel.restart()
+    assert (sel.phase, sel.scores, sel.pending, sel.spans, sel.cursor) == (Phase.SCORING, [], 0, [], -1)
+
+
+def qattn_request(rid: str, mode: str = "0.5/2"):
+    request = user_request(rid, [b"d0", b"d1", b"d2"], sys_len=2, question_len=3)  # 2 + 3+4+5 + 3
+    fraction, runs = mode.split("/")
+    info = msgspec.structs.replace(request.chunk_cache, select=float(fraction), select_runs=int(runs))
+    request.chunk_cache = info
+    return request
+
+
+def test_the_coordinator_drives_the_passes():
+    coord = coordinator(num_pages=16)
+    request = qattn_request("q")
+    coord.on_new_request(request)
+    assert request.skip_reading_prefix_cache
+    for prefill in coord.plan():  # compute the chunks: they become resident
+        for entry in prefill.entries:
+            coord.manager.mark_resident(entry)
+        coord.prefills.pop(prefill.request_id)
+    coord.build_connector_meta(FakeOutput())
+    assert coord.get_num_new_matched_tokens(request, 0) == (14, False)
+    # Admitted: the load, and the scoring piece [14, 16) (the question but its last token).
+    assert coord.token_cap(request, 3, 14) == 2
+    blocks = blocks_for(request)
+    coord.update_state_after_alloc(request, blocks, 14)
+    request.num_computed_tokens = 14
+    out = FakeOutput(num_scheduled_tokens={"q": 2}, scheduled_new_reqs=[FakeNewRequest("q", (blocks.ids,))])
+    meta = coord.build_connector_meta(out)
+    spec = meta.scores["q"]
+    assert (spec.first, spec.region) == (14, (2, 14))
+    assert spec.key_slots == [slot_of(blocks.ids, 4, t) for t in range(16)]
+    request.num_computed_tokens = 16
+    coord.reposition([request])
+    assert request.num_computed_tokens == 16 and coord.token_cap(request, 1, 16) == 0  # awaiting
+    # Region 12 tokens, C_1 = 3: count 6 in windows of 3 from offset 3; the best: 6-9 and 9-12.
+    scores = [0.0] * 12
+    scores[7], scores[10] = 1.0, 1.0
+    coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores, "other": [1.0]}))
+    coord.reposition([request])
+    assert request.num_computed_tokens == 8 and coord.token_cap(request, 100, 8) == 6  # one run
+    assert not coord.build_connector_meta(FakeOutput(num_scheduled_tokens={"q": 6})).scores
+    assert coord.manager.stats.selections == 1 and coord.manager.stats.selected_tokens == 6
+    request.num_computed_tokens = 14
+    coord.reposition([request])
+    assert request.num_computed_tokens == 14 and coord.token_cap(request, 100, 14) == 100
+    coord.on_preempted(request)
+    assert coord.users["q"].selection.phase is Phase.SCORING
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (3, 3)])
+def test_region_weights_are_each_query_s_softmax_summed(heads, kv_heads):
+    torch.manual_seed(0)
+    first, n, dim = 7, 5, 8
+    query, keys = torch.randn(n, heads, dim), torch.randn(first + n, kv_heads, dim)
+    region = (2, 9)
+    want = torch.zeros(region[1] - region[0])
+    for i in range(n):
+        for h in range(heads):
+            k = keys[: first + i + 1, h // (heads // kv_heads)]
+            weights = torch.softmax(k @ query[i, h] * 0.3, dim=0)
+            want += torch.nn.functional.pad(weights, (0, first + n))[region[0] : region[1]]
+    got = region_weights(query, keys, first, region, 0.3)
+    torch.testing.assert_close(got, want)
+
+
+def test_workers_reports_add_up():
+    a = ChunkCacheWorkerMetadata(scores={"x": [1.0, 2.0], "y": [1.0]})
+    b = ChunkCacheWorkerMetadata(scores={"x": [0.5, 0.5], "y": None, "z": [3.0]})
+    assert a.aggregate(b).scores == {"x": [1.5, 2.5], "y": None, "z": [3.0]}
