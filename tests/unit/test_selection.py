@@ -147,3 +147,15 @@ def test_workers_reports_add_up():
     a = ChunkCacheWorkerMetadata(scores={"x": [1.0, 2.0], "y": [1.0]})
     b = ChunkCacheWorkerMetadata(scores={"x": [0.5, 0.5], "y": None, "z": [3.0]})
     assert a.aggregate(b).scores == {"x": [1.5, 2.5], "y": None, "z": [3.0]}
+
+
+def test_a_request_another_connector_loads_recomputes_nothing_here():
+    """P/D decode instance: the KV it loads is what the prefill instance computed, recompute
+    included; if that connector falls through, the chunk cache serves it with its passes."""
+    coord = coordinator(num_pages=16)
+    request = qattn_request("q")
+    coord.on_new_request(request)
+    coord.load_elsewhere(request, 17)
+    assert coord.users["q"].selection is None and coord.token_cap(request, 3, 14) == 3
+    coord.serve_here(request)
+    assert coord.users["q"].selection.phase is Phase.SCORING and coord.token_cap(request, 3, 14) == 2

@@ -288,8 +288,7 @@ class ChunkCacheCoordinator:
         if info is None:
             return
         user = self.users[request.request_id] = UserRequest(request=request, info=info)
-        if info.select:
-            user.selection = Selection.for_spans(info, info.select, info.select_runs)
+        user.selection = _selection(info)
         if user.selection is not None:
             # Its blocks are rewritten while it runs: no one, itself after a preemption included,
             # may take them as a prefix (its block keys are its own: `block_keys`).
@@ -477,6 +476,7 @@ class ChunkCacheCoordinator:
         assert num_tokens >= user.info.question_start, "the chunk region must come whole"
         self._unplan(user)
         user.status = UserStatus.EXTERNAL
+        user.selection = None  # what it loads is the prefill instance's, recompute included
         self.manager.stats.external_loads += 1
         self.manager.stats.external_load_tokens += num_tokens
 
@@ -488,7 +488,7 @@ class ChunkCacheCoordinator:
         """EXTERNAL → WAITING: the other connector no longer covers R's chunk region."""
         user = self.users[request.request_id]
         if user.status is UserStatus.EXTERNAL:
-            user.status = UserStatus.WAITING
+            user.status, user.selection = UserStatus.WAITING, _selection(user.info)
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""
@@ -547,3 +547,8 @@ class ChunkCacheCoordinator:
         dropped = self.manager.clear()
         logger.info("Chunk Cache reset: %d pool entries dropped", dropped)
         return True
+
+
+def _selection(info: ChunkCacheInfo) -> Selection | None:
+    """The `qattn` passes of a request, if it recomputes anything in place."""
+    return Selection.for_spans(info, info.select, info.select_runs) if info.select else None
