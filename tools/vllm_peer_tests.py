@@ -53,7 +53,7 @@ MODES = ("pristine", "off", "on")
 ON_POOL_GB = "0.05"
 """The pool size of the `on` mode (a page of every stand-in model fits)."""
 GROUPS = {
-    "core": ["tests/v1/core"],  # kv_cache_utils (0010), request (0002), scheduler
+    "core": ["tests/v1/core"],  # kv_cache_utils (0010), request (0002), scheduler (0020)
     "kv_connector": ["tests/v1/kv_connector/unit"],  # connector selection and HMA (0008)
     "renderers": ["tests/renderers"],  # per-part tokenization (0006)
     "config": [

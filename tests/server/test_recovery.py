@@ -1,6 +1,7 @@
-"""The `last[:K]` recovery mode through the shared offline engine (default layout) and server, asked
-for per request: answers against the HF reference in which the last document belongs to the
-question's segment (`chunk_cases.reference(..., recovery_docs=1)`). The mode's choice and span
+"""The recovery modes through the shared offline engine (default layout) and server, asked for per
+request: `last[:K]` against the HF reference in which the last document belongs to the
+question's segment (`chunk_cases.reference(..., recovery_docs=1)`), `qattn` against the HF
+`qattn:r/m` plan (`chunk_cases.qattn_reference`). The mode's choice and span
 rewrite: `tests/unit/test_recovery.py`; the server-wide switch in the sequential layout:
 `tests/engine/test_chunk_engines.py`."""
 
@@ -81,3 +82,28 @@ def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
         model="tiny-llama", prompt=PROMPT, max_tokens=2, extra_body={"return_token_ids": True}
     )
     assert again.choices[0].token_ids
+
+
+def test_the_server_serves_qattn_per_request(client, raw_tok, tiny_model):
+    mode = "qattn:0.3/4"
+    for stream in (False, True):
+        resp = client.completions.create(
+            model="tiny-llama",
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            logprobs=1,
+            stream=stream,
+            extra_body={
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "vllm_xargs": {"chunk_cache_recovery": mode},
+            },
+        )
+        choices = [c.choices[0] for c in resp] if stream else [resp.choices[0]]
+        tokens = [t for c in choices for t in c.token_ids or []]
+        logprobs = [lp for c in choices for lp in c.logprobs.token_logprobs]
+        exp, ref, compute = cc.qattn_reference(tiny_model, raw_tok, PROMPT, 6, mode)
+        assert choices[0].prompt_token_ids == exp.token_ids and compute
+        assert tokens == ref.tokens, f"qattn through the server (stream={stream})"
+        assert abs(logprobs[0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
