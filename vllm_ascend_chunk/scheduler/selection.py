@@ -112,12 +112,12 @@ class Selection:
     def cap(self, num_computed: int, num_new: int) -> int:
         """Tokens the request may compute from `num_computed` on (`num_new` asked)."""
         if self.phase is Phase.SCORING:
-            return min(num_new, self.score_end - num_computed)
-        if self.phase is Phase.AWAITING:
-            return 0
-        if self.phase is Phase.RUNS:
-            return min(num_new, self.spans[self.cursor][1] - num_computed)
-        return num_new
+            end = self.score_end
+        elif self.phase is Phase.RUNS:  # (cursor -1: selected since `reposition` last ran)
+            end = self.spans[self.cursor][1] if self.cursor >= 0 else num_computed
+        else:
+            return 0 if self.phase is Phase.AWAITING else num_new
+        return max(0, min(num_new, end - num_computed))
 
     def scheduled(self, first: int, num: int) -> bool:
         """A piece `[first, first + num)` was scheduled; True if the workers must score it."""
