@@ -188,6 +188,11 @@ def _add_server_options(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--pool-gb", type=float, help="VLLM_CHUNK_CACHE_SIZE_GB (default 1, --long 1.5)")
     ap.add_argument(
+        "--recovery",
+        default="none",
+        help="VLLM_CHUNK_CACHE_RECOVERY of the chunk-cache server (e.g. qattn:0.2; default none)",
+    )
+    ap.add_argument(
         "--server-arg",
         action="append",
         help="one more argument for every `vllm serve` (repeat; e.g. "

@@ -39,8 +39,10 @@ def server_env(
     # when a KV connector is configured (`ompmultiprocessing.py`, meant for NIXL), and the chunk
     # cache is one: left alone, on 2 cores the chunk-on server computes on 2 OpenMP threads and
     # the others on 1. The same count for every configuration keeps the comparison fair.
+    recovery = getattr(args, "recovery", "none") if CONFIGS[config]["chunk_cache"] else "none"
     return {
         "VLLM_ENABLE_CHUNK_CACHE": "true" if CONFIGS[config]["chunk_cache"] else "false",
+        "VLLM_CHUNK_CACHE_RECOVERY": recovery,
         "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gb if kv_space_gb is not None else args.kv_space_gb),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.cpu_reserved_cores),
         "VLLM_CHUNK_CACHE_SIZE_GB": str(pool_gb if pool_gb is not None else args.pool_gb),
