@@ -25,6 +25,22 @@ def greedy(extra_args=None, max_tokens: int = 6):
     )
 
 
+def complete(client, xargs: dict, stream: bool = False) -> tuple[list[int], list[int], list[float]]:
+    """A greedy 6-token completion of PROMPT through the server: prompt ids, token ids, logprobs."""
+    resp = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=1,
+        stream=stream,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "vllm_xargs": xargs},
+    )
+    choices = [c.choices[0] for c in resp] if stream else [resp.choices[0]]
+    tokens = [t for c in choices for t in c.token_ids or []]
+    return choices[0].prompt_token_ids, tokens, [lp for c in choices for lp in c.logprobs.token_logprobs]
+
+
 @pytest.fixture(scope="module")
 def tiny_model(models_dir):
     return cc.hf_reference.load(models_dir / "tiny-llama")
@@ -57,18 +73,10 @@ def test_a_bad_mode_is_refused_and_the_engine_keeps_serving(tiny_llama_llm):
 def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
     import openai
 
-    resp = client.completions.create(
-        model="tiny-llama",
-        prompt=PROMPT,
-        max_tokens=6,
-        temperature=0,
-        logprobs=1,
-        extra_body={"ignore_eos": True, "return_token_ids": True, "vllm_xargs": LAST},
-    )
-    choice = resp.choices[0]
+    prompt_ids, tokens, logprobs = complete(client, LAST)
     exp, ref = cc.reference(tiny_model, raw_tok, PROMPT, 6, cc.DEFAULT_LAYOUT, 1)
-    assert choice.prompt_token_ids == exp.token_ids
-    cc.assert_matches(choice.token_ids, choice.logprobs.token_logprobs, ref, "server, last")
+    assert prompt_ids == exp.token_ids
+    cc.assert_matches(tokens, logprobs, ref, "server, last")
     bad = {
         "model": "tiny-llama",
         "max_tokens": 2,
@@ -86,24 +94,10 @@ def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
 
 def test_the_server_serves_qattn_per_request(client, raw_tok, tiny_model):
     mode = "qattn:0.3/4"
+    exp, ref, compute = cc.qattn_reference(tiny_model, raw_tok, PROMPT, 6, mode)
+    assert compute
     for stream in (False, True):
-        resp = client.completions.create(
-            model="tiny-llama",
-            prompt=PROMPT,
-            max_tokens=6,
-            temperature=0,
-            logprobs=1,
-            stream=stream,
-            extra_body={
-                "ignore_eos": True,
-                "return_token_ids": True,
-                "vllm_xargs": {"chunk_cache_recovery": mode},
-            },
-        )
-        choices = [c.choices[0] for c in resp] if stream else [resp.choices[0]]
-        tokens = [t for c in choices for t in c.token_ids or []]
-        logprobs = [lp for c in choices for lp in c.logprobs.token_logprobs]
-        exp, ref, compute = cc.qattn_reference(tiny_model, raw_tok, PROMPT, 6, mode)
-        assert choices[0].prompt_token_ids == exp.token_ids and compute
+        prompt_ids, tokens, logprobs = complete(client, {"chunk_cache_recovery": mode}, stream)
+        assert prompt_ids == exp.token_ids
         assert tokens == ref.tokens, f"qattn through the server (stream={stream})"
         assert abs(logprobs[0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
