@@ -9,7 +9,15 @@ import msgspec
 import pytest
 import torch
 
-from tests.unit.test_coordinator import FakeNewRequest, FakeOutput, blocks_for, coordinator, user_request
+from tests.unit.test_coordinator import (
+    FakeBlocks,
+    FakeCachedRequests,
+    FakeNewRequest,
+    FakeOutput,
+    blocks_for,
+    coordinator,
+    user_request,
+)
 from vllm_ascend_chunk.metadata import ChunkSpans
 from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.selection import Phase, Selection, select_windows
@@ -80,12 +88,21 @@ def test_restart_after_preemption():
     assert (sel.phase, sel.scores, sel.pending, sel.spans, sel.cursor) == (Phase.SCORING, [], 0, [], -1)
 
 
-def qattn_request(rid: str, mode: str = "0.5/2"):
-    request = user_request(rid, [b"d0", b"d1", b"d2"], sys_len=2, question_len=3)  # 2 + 3+4+5 + 3
+def qattn_request(rid: str, mode: str = "0.5/2", question_len: int = 3):
+    request = user_request(rid, [b"d0", b"d1", b"d2"], sys_len=2, question_len=question_len)  # 2 + 3+4+5 + Q
     fraction, runs = mode.split("/")
     info = msgspec.structs.replace(request.chunk_cache, select=float(fraction), select_runs=int(runs))
     request.chunk_cache = info
     return request
+
+
+def make_resident(coord) -> None:
+    """Plan the waiting requests and let their chunk prefills finish."""
+    for prefill in coord.plan():
+        for entry in prefill.entries:
+            coord.manager.mark_resident(entry)
+        coord.prefills.pop(prefill.request_id)
+    coord.build_connector_meta(FakeOutput())
 
 
 def test_the_coordinator_drives_the_passes():
@@ -93,11 +110,7 @@ def test_the_coordinator_drives_the_passes():
     request = qattn_request("q")
     coord.on_new_request(request)
     assert request.skip_reading_prefix_cache
-    for prefill in coord.plan():  # compute the chunks: they become resident
-        for entry in prefill.entries:
-            coord.manager.mark_resident(entry)
-        coord.prefills.pop(prefill.request_id)
-    coord.build_connector_meta(FakeOutput())
+    make_resident(coord)
     assert coord.get_num_new_matched_tokens(request, 0) == (14, False)
     # Admitted: the load, and the scoring piece [14, 16) (the question but its last token).
     assert coord.token_cap(request, 3, 14) == 2
@@ -159,3 +172,27 @@ def test_a_request_another_connector_loads_recomputes_nothing_here():
     assert coord.users["q"].selection is None and coord.token_cap(request, 3, 14) == 3
     coord.serve_here(request)
     assert coord.users["q"].selection.phase is Phase.SCORING and coord.token_cap(request, 3, 14) == 2
+
+
+def test_the_keys_are_read_from_the_blocks_of_a_resumed_request():
+    """Preempted after its load, the request is loaded again into new blocks, which the scheduler
+    output then lists whole (resumed), and later pieces add blocks to those: the scores read its
+    keys there."""
+    coord = coordinator(num_pages=16)
+    request = qattn_request("r", question_len=8)  # N = 22: scoring [14, 21)
+    coord.on_new_request(request)
+    make_resident(coord)
+    coord.update_state_after_alloc(request, FakeBlocks([1, 2, 3, 4]), 14)
+    coord.build_connector_meta(FakeOutput())
+    coord.on_preempted(request)
+    make_resident(coord)
+    blocks = [7, 8, 9, 10]
+    coord.update_state_after_alloc(request, FakeBlocks(blocks), 14)
+    request.num_computed_tokens = 14
+    resumed = FakeCachedRequests(["r"], {"r"}, [(blocks,)], [14])
+    spec = coord.build_connector_meta(FakeOutput({"r": 2}, scheduled_cached_reqs=resumed)).scores["r"]
+    assert spec.key_slots == [slot_of(blocks, 4, t) for t in range(16)]
+    request.num_computed_tokens = 16
+    later = FakeCachedRequests(["r"], set(), [([11, 12],)], [16])
+    spec = coord.build_connector_meta(FakeOutput({"r": 5}, scheduled_cached_reqs=later)).scores["r"]
+    assert spec.key_slots == [slot_of([*blocks, 11, 12], 4, t) for t in range(21)]

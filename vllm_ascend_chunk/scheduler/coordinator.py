@@ -322,11 +322,11 @@ class ChunkCacheCoordinator:
             self._to_loaded(user)
             return
         assert user.ready, f"{request.request_id} admitted before its chunks were resident"
-        if user.selection is not None:
-            user.block_ids = list(blocks.get_block_ids()[0])
         end = user.info.question_start
         start = end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
+        if user.selection is not None:
+            user.block_ids = list(block_ids)
         self._step.load_rows += self._source_rows(user)[start:end]
         self._step.load_slots += [slot_of(block_ids, self.block_size, t) for t in range(start, end)]
         if (deltas := self.layout.load_deltas(user.info)) is not None:
@@ -406,7 +406,11 @@ class ChunkCacheCoordinator:
         cached = scheduler_output.scheduled_cached_reqs
         for rid, new_blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
             user = self.users.get(rid)
-            if user is not None and user.selection is not None and new_blocks:
+            if user is None or user.selection is None or not new_blocks:
+                continue
+            if rid in cached.resumed_req_ids:  # preempted, then given blocks anew: all of them
+                user.block_ids = list(new_blocks[0])
+            else:
                 user.block_ids += new_blocks[0]
         specs = {}
         for rid, num in scheduler_output.num_scheduled_tokens.items():
