@@ -41,6 +41,8 @@ def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> No
 
 
 def bind_model(model) -> None:
-    """`GPUModelRunner.initialize_kv_cache`, after the KV caches are registered (start-up)."""
+    """`GPUModelRunner.initialize_kv_cache`, after the KV caches are registered (start-up): the
+    model's RoPE, and the attention layer that scores `qattn` questions."""
     if (worker := _chunk_worker()) is not None:
         worker.bind_model(model)
+        worker.bind_scorer()

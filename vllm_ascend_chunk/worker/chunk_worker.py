@@ -73,10 +73,8 @@ class ChunkCacheWorker:
             self.remote_tier = _connect_remote_tier(self.vllm_config, self.geometry)
 
     def bind_model(self, model) -> None:
-        """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up).
-        Every layout: wrap the scoring layer's attention (`qattn`)."""
+        """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
         self._model_bound = True
-        self._bind_scorer()
         if not LAYOUTS[get_config().layout].rotates_loaded_keys:
             return
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
@@ -101,7 +99,8 @@ class ChunkCacheWorker:
             self.rotary.is_neox_style,
         )
 
-    def _bind_scorer(self) -> None:
+    def bind_scorer(self) -> None:
+        """Wrap the scoring layer's attention (`qattn`), if this worker holds it (start-up)."""
         from vllm.model_executor.models.utils import extract_layer_index
 
         target = score_layer_index(self.vllm_config)
