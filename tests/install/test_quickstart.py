@@ -7,7 +7,8 @@ built from the checkout), its patch command, `vllm serve` and one `curl` with a 
 
 The test sets what the blocks leave to the reader: VENV (a temporary folder), MODEL (the tiny
 Llama), PORT (a free one); VLLM_CPU_KVCACHE_SPACE=1 as every test here. pip reuses its cache, so
-a second run installs from local wheels (~4 minutes on 2 cores, most of it unpacking torch)."""
+a second run installs from local wheels (~4 minutes on 2 cores, most of it unpacking torch). The
+venv takes ~6.5 GB (torch brings its CUDA libraries); it is removed when the test ends."""
 
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ import csv
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from benchmarks.serve_util import free_port
 from tests.helpers import REPO
@@ -45,9 +50,23 @@ def sha256_b64(path: Path) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
 
 
-def test_readme_quickstart_from_packages_then_revert(tmp_path: Path, models_dir: Path):
+VENV_BYTES = 8 << 30
+"""Free space the throwaway venv needs: ~6.5 GB installed, plus pip's unpacked wheels."""
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Iterator[Path]:
+    """A path for the throwaway venv, refused up front when the disk cannot hold it, removed after."""
+    free = shutil.disk_usage(tmp_path).free
+    if free < VENV_BYTES:
+        pytest.fail(f"{tmp_path} has {free >> 30} GiB free; the quick start's venv needs {VENV_BYTES >> 30}")
+    yield tmp_path / "venv"
+    shutil.rmtree(tmp_path / "venv", ignore_errors=True)
+
+
+def test_readme_quickstart_from_packages_then_revert(venv: Path, models_dir: Path):
     install, serve = quickstart_blocks()
-    venv, port = tmp_path / "venv", free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_CHUNK", "VIRTUAL_ENV"))}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     env.update(VENV=str(venv), MODEL=str(models_dir / "tiny-llama"), PORT=str(port))
