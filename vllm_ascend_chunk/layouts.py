@@ -3,10 +3,13 @@ Semantics: positions), as the scheduler and the worker need them.
 
 A cached chunk was computed right after SYS (positions `s..s+len(C_i)-1`). A layout says how the
 request sees it from there: by moving the keys when they are loaded (`load_deltas`), or by
-moving what the request computes (`question_shift`).
+moving what the request computes (`shift_at`): its question, and the document tokens a `qattn`
+request recomputes in place.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from vllm_ascend_chunk.metadata import ChunkSpans
 
@@ -16,9 +19,15 @@ class Layout:
     rotates_loaded_keys: bool
     """Whether loads re-rotate cached keys (the worker then needs the model's RoPE)."""
 
-    def question_shift(self, spans: ChunkSpans) -> int:
-        """How much lower than its index every token the request computes is positioned."""
+    def shift_at(self, spans: ChunkSpans, index: int) -> int:
+        """How much lower than its index the token at `index` is positioned when the request
+        computes it (a question token, or a document token recomputed in place)."""
         return 0
+
+    def shift_bounds(self, spans: ChunkSpans) -> list[int]:
+        """Region offsets (from SYS's end) where `shift_at` changes inside the region: a piece the
+        request computes there must not cross one (the worker shifts a piece as a whole)."""
+        return []
 
     def load_deltas(self, spans: ChunkSpans) -> list[int] | None:
         """RoPE delta of each token before the question, by which its cached key is rotated on
@@ -31,8 +40,18 @@ class Overlap(Layout):
 
     name, rotates_loaded_keys = "overlap", False
 
-    def question_shift(self, spans: ChunkSpans) -> int:
-        return sum(spans.chunk_lens) - max(spans.chunk_lens, default=0)
+    def shift_at(self, spans: ChunkSpans, index: int) -> int:
+        if index >= spans.question_start:
+            return sum(spans.chunk_lens) - max(spans.chunk_lens, default=0)
+        before = 0  # tokens of the chunks before C_i, whose first token is positioned at `s`
+        for n in spans.chunk_lens:
+            if index < spans.sys_len + before + n:
+                return before
+            before += n
+        return 0
+
+    def shift_bounds(self, spans: ChunkSpans) -> list[int]:
+        return list(itertools.accumulate(spans.chunk_lens[:-1]))
 
 
 class Sequential(Layout):

@@ -103,12 +103,15 @@ def test_recovery_last_in_the_sequential_layout(models_dir: Path):
     assert steps == [(0, 3), (3, 0), (1, 1), (3, 0)]  # the last documents are never looked up
 
 
-def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path):
+@pytest.mark.parametrize("layout", ["sequential", "overlap"])
+def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path, layout: str):
     """`VLLM_CHUNK_CACHE_RECOVERY=qattn:0.3/4`: each request scores its documents with its question,
     recomputes the chosen windows in place and its question again; answers equal the HF reference's
-    `qattn:0.3/4`, cold (chunks computed first) and warm, one by one and batched; a request that
-    asks for `none` gets plain reuse, one with one document nothing recomputed. A 32-token step
-    budget splits the runs and the batched requests' passes into several pieces."""
+    `qattn:0.3/4` in the layout, cold (chunks computed first) and warm, one by one and batched; a
+    request that asks for `none` gets plain reuse, one with one document nothing recomputed. A
+    32-token step budget splits the runs and the batched requests' passes into several pieces.
+    In `overlap` every document starts at the same position, so a run's positions depend on the
+    document each of its tokens is in."""
     docs = [cc.document(700 + i, 50 + 25 * i) for i in range(4)]
     first = [
         cc.chunked(cc.SYS, docs[:3], "What is first in these documents?"),
@@ -121,7 +124,7 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path):
         {"prompts": single},
         {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}},
     ]
-    env = {"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.3/4"}
+    env = {"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.3/4", "VLLM_CHUNK_CACHE_LAYOUT": layout}
     engine = {"disable_log_stats": False, "max_num_batched_tokens": 32, "max_num_seqs": 4}
     result = run_engine(models_dir / "tiny-llama", rounds, engine, env=env)
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
@@ -129,13 +132,15 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path):
     for rnd, res, what in zip(rounds[:2], result["rounds"], ["cold", "warm batched"], strict=False):
         for prompt, got in zip(rnd["prompts"], res, strict=True):
             assert "error" not in got, got
-            exp, ref, compute = cc.qattn_reference(model, raw_tok, prompt, len(got["tokens"]), "qattn:0.3/4")
+            exp, ref, compute = cc.qattn_reference(
+                model, raw_tok, prompt, len(got["tokens"]), "qattn:0.3/4", layout
+            )
             assert got["prompt_ids"] == exp.token_ids
             assert got["tokens"] == ref.tokens, f"qattn {what}: tokens differ"
             assert abs(got["logprobs"][0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
             selected += len(compute)
-    check_round(model, raw_tok, single, result["rounds"][2], 8, "qattn, one document")
-    check_round(model, raw_tok, first[:1], result["rounds"][3], 8, "none per request")
+    check_round(model, raw_tok, single, result["rounds"][2], 8, "qattn, one document", layout)
+    check_round(model, raw_tok, first[:1], result["rounds"][3], 8, "none per request", layout)
     states = result["states"]
     assert states[1]["selections"] == 4 and states[1]["selected_tokens"] == selected
     assert states[3]["selections"] == 4

@@ -51,19 +51,19 @@ def reference(
     )
 
 
-def qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str):
+def qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str, layout: str = DEFAULT_LAYOUT):
     """The expected structure of `text` and the HF reference answer of the `qattn:r/m` recovery
-    mode (`tests/helpers/hf_recovery.py`; default layout): the tokens, and the log-probability of
-    the first one."""
+    mode (`tests/helpers/hf_recovery.py`): the tokens, the log-probability of the first one, and
+    the region tokens the plan computes."""
     from tests.helpers import hf_recovery as hr
 
     exp = expected_structure(raw_tok, text)
     ids, sys_len, lens = exp.token_ids, exp.sys_len, exp.chunk_lens
     kv = hr.chunk_kv(model, ids, sys_len, lens)
     layer = hr.qattn_layer(model, mode)
-    attention = hr.question_attention(model, ids, sys_len, lens, DEFAULT_LAYOUT, kv, layer, drop_last=True)
+    attention = hr.question_attention(model, ids, sys_len, lens, layout, kv, layer, drop_last=True)
     compute = hr.recompute_set(mode, sys_len, lens, attention=attention)
-    out = hr.run(model, ids, sys_len, lens, DEFAULT_LAYOUT, compute, kv, max_tokens)
+    out = hr.run(model, ids, sys_len, lens, layout, compute, kv, max_tokens)
     return exp, out, compute
 
 

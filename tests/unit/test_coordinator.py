@@ -206,8 +206,9 @@ def test_a_request_loaded_elsewhere_is_never_planned_but_keeps_its_layout(chunk_
     assert coord.is_external(req) and coord.plan() == [] and coord.manager.pinned_entries == 0
     assert coord.get_num_new_matched_tokens(req, 0) == (0, False)
     coord.update_state_after_alloc(req, blocks_for(req), 0)
+    req.num_computed_tokens = req.chunk_cache.question_start + 1  # what the other connector loaded
     meta = coord.build_connector_meta(FakeOutput({"r": 2}))
-    shift = coord.layout.question_shift(req.chunk_cache)
+    shift = coord.layout.shift_at(req.chunk_cache, req.chunk_cache.question_start)
     assert meta.load_rows == [] and meta.position_shifts == {"r": shift} and shift != 0
     stats = coord.manager.stats
     assert (stats.external_loads, stats.external_load_tokens) == (1, req.chunk_cache.question_start + 1)

@@ -20,7 +20,7 @@ from tests.unit.test_coordinator import (
 )
 from vllm_ascend_chunk.metadata import ChunkSpans
 from vllm_ascend_chunk.paging import slot_of
-from vllm_ascend_chunk.scheduler.selection import Phase, Selection, select_windows
+from vllm_ascend_chunk.scheduler.selection import Phase, Selection, cut_runs, select_windows
 from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.scoring import region_weights
 
@@ -38,6 +38,11 @@ def test_window_ties_and_short_last_window():
     assert select_windows([0.0] * 10, 3, 4, 2) == [(3, 7)]  # ties: the earliest windows
     assert select_windows([0, 0, 0, 0, 0, 0, 0, 1.0], 2, 5, 2) == [(2, 8)]  # windows of 3: 2-5, 5-8
     assert select_windows([0, 0, 1.0, 0, 0, 0, 0, 3.0], 1, 3, 3) == [(1, 3), (7, 8)]
+
+
+def test_runs_are_cut_only_inside():
+    assert cut_runs([(2, 9), (12, 14)], [4, 9, 13]) == [(2, 4), (4, 9), (12, 13), (13, 14)]
+    assert cut_runs([(2, 9)], []) == [(2, 9)] and cut_runs([], [3]) == []
 
 
 SPANS = ChunkSpans(sys_len=3, chunk_lens=[4, 6, 5], question_len=4)
@@ -138,6 +143,38 @@ def test_the_coordinator_drives_the_passes():
     assert request.num_computed_tokens == 14 and coord.token_cap(request, 100, 14) == 100
     coord.on_preempted(request)
     assert coord.users["q"].selection.phase is Phase.SCORING
+
+
+def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_env):
+    """Every document starts at position `s` in `overlap`: the worker lowers a piece's positions
+    by one shift, so a run over two documents is two pieces, each shifted by the lengths of the
+    documents before its own."""
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
+    coord = coordinator(num_pages=16)
+    request = qattn_request("q")  # SYS 0-1, C_1 2-4, C_2 5-8, C_3 9-13, question 14-16
+    coord.on_new_request(request)
+    make_resident(coord)
+    blocks = blocks_for(request)
+    coord.update_state_after_alloc(request, blocks, 14)
+    request.num_computed_tokens = 14
+    meta = coord.build_connector_meta(
+        FakeOutput({"q": 2}, scheduled_new_reqs=[FakeNewRequest("q", (blocks.ids,))])
+    )
+    assert meta.position_shifts == {"q": 7}  # the question after the longest document: 14 - (2 + 5)
+    request.num_computed_tokens = 16
+    scores = [0.0] * 12
+    scores[7], scores[10] = 1.0, 1.0  # the run of region offsets 6-12: tokens 8-13, over C_2 and C_3
+    coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores}))
+    assert coord.users["q"].selection.spans == [(8, 9), (9, 14), (14, 17)]
+    pieces = []
+    for _ in range(3):
+        coord.reposition([request])
+        first = request.num_computed_tokens
+        num = coord.token_cap(request, 100, first)
+        pieces.append((first, num, coord.build_connector_meta(FakeOutput({"q": num})).position_shifts["q"]))
+        request.num_computed_tokens = first + num
+    assert pieces == [(8, 1, 3), (9, 5, 7), (14, 100, 7)]  # C_2's last token at 5 + 3 - 3, C_3 from 2
+    assert coord.manager.stats.selected_tokens == 6
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (3, 3)])

@@ -14,7 +14,7 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
    R's slots), sent to the workers by `build_connector_meta`, LOADING → LOADED (pins released).
    If the prefix cache already holds the whole chunk region: straight to LOADED, no load.
 5. The layout (`layouts.py`) places R's tokens: every step R computes tokens, their RoPE
-   positions are lowered by `question_shift` (overlap); or its cached keys are re-rotated on
+   positions are lowered by `shift_at` (overlap); or its cached keys are re-rotated on
    load by `load_deltas` (sequential).
 6. `on_preempted`, LOADED (or EXTERNAL) → WAITING (its blocks are gone: plan and load again);
    `request_finished`: pins released, R forgotten. `reset`: the pool is dropped and every
@@ -288,11 +288,17 @@ class ChunkCacheCoordinator:
         if info is None:
             return
         user = self.users[request.request_id] = UserRequest(request=request, info=info)
-        user.selection = _selection(info)
+        user.selection = self._selection(info)
         if user.selection is not None:
             # Its blocks are rewritten while it runs: no one, itself after a preemption included,
             # may take them as a prefix (its block keys are its own: `block_keys`).
             request.skip_reading_prefix_cache = True
+
+    def _selection(self, info: ChunkCacheInfo) -> Selection | None:
+        """The `qattn` passes of a request, if it recomputes anything in place."""
+        if not info.select:
+            return None
+        return Selection.for_spans(info, info.select, info.select_runs, self.layout.shift_bounds(info))
 
     def owns(self, request: Request) -> bool:
         """A chunk-path request (registered) or a chunk prefill."""
@@ -388,10 +394,10 @@ class ChunkCacheCoordinator:
             host_read_to=moves.read_to,
             remote_reads=self._step.remote_reads,
             remote_writes=writes,
-            position_shifts={
-                rid: self.layout.question_shift(self.users[rid].info)
+            position_shifts={  # a piece never crosses a change of shift (`Selection.cuts`)
+                rid: self.layout.shift_at(user.info, user.request.num_computed_tokens)
                 for rid in scheduler_output.num_scheduled_tokens
-                if rid in self.users
+                if (user := self.users.get(rid)) is not None
             },
             scores=self._scores(scheduler_output),
         )
@@ -492,7 +498,7 @@ class ChunkCacheCoordinator:
         """EXTERNAL → WAITING: the other connector no longer covers R's chunk region."""
         user = self.users[request.request_id]
         if user.status is UserStatus.EXTERNAL:
-            user.status, user.selection = UserStatus.WAITING, _selection(user.info)
+            user.status, user.selection = UserStatus.WAITING, self._selection(user.info)
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""
@@ -551,8 +557,3 @@ class ChunkCacheCoordinator:
         dropped = self.manager.clear()
         logger.info("Chunk Cache reset: %d pool entries dropped", dropped)
         return True
-
-
-def _selection(info: ChunkCacheInfo) -> Selection | None:
-    """The `qattn` passes of a request, if it recomputes anything in place."""
-    return Selection.for_spans(info, info.select, info.select_runs) if info.select else None

@@ -12,7 +12,8 @@ paged attention, no other kernel):
 2. **runs**: the region after C_1 is cut into windows of `w = ceil(count / M)` tokens, `count =
    round(R * region)` (at most the region after C_1, whose cached K/V is already full
    attention's); the `ceil(count / w)` windows with the highest sums (ties: the earlier) are
-   recomputed in prompt order, adjacent ones as one run. For each run the scheduler moves the
+   recomputed in prompt order, adjacent ones as one run (cut where the layout's position shift
+   changes: in `overlap`, at each document's start). For each run the scheduler moves the
    request's computed-token count back to the run's first token; the run overwrites the loaded
    K/V of its slots and attends causally to every slot before it: loaded tokens, and the runs
    before it already recomputed. That is the in-place plan of the HF reference
@@ -63,6 +64,17 @@ def select_windows(scores: list[float], first: int, count: int, runs: int) -> li
     return merged
 
 
+def cut_runs(runs: list[tuple[int, int]], cuts: list[int]) -> list[tuple[int, int]]:
+    """`runs` split at every offset in `cuts` strictly inside one (the same tokens, in order)."""
+    pieces = []
+    for start, end in runs:
+        for cut in (c for c in cuts if start < c < end):
+            pieces.append((start, cut))
+            start = cut
+        pieces.append((start, end))
+    return pieces
+
+
 @dataclass
 class Selection:
     """One `qattn` request's passes (`Phase`), as token indices of the request."""
@@ -75,6 +87,8 @@ class Selection:
     first: int
     """Region offset of C_2's first token: tokens before it are never selected."""
     max_runs: int
+    cuts: list[int] = field(default_factory=list)
+    """Region offsets no computed span crosses (`Layout.shift_bounds`)."""
     phase: Phase = Phase.SCORING
     scores: list[float] = field(default_factory=list)
     pending: int = 0
@@ -86,14 +100,16 @@ class Selection:
     cursor: int = -1
 
     @classmethod
-    def for_spans(cls, spans: ChunkSpans, fraction: float, max_runs: int) -> Selection | None:
+    def for_spans(
+        cls, spans: ChunkSpans, fraction: float, max_runs: int, cuts: list[int] | None = None
+    ) -> Selection | None:
         """The passes of a request with these spans, or None if it recomputes nothing."""
         region = sum(spans.chunk_lens)
         first = spans.chunk_lens[0] if spans.chunk_lens else 0
         count = min(round(fraction * region), region - first)
         if count <= 0 or spans.question_len < 2:
             return None
-        return cls(spans.sys_len, spans.question_start, spans.num_tokens, count, first, max_runs)
+        return cls(spans.sys_len, spans.question_start, spans.num_tokens, count, first, max_runs, cuts or [])
 
     @property
     def score_end(self) -> int:
@@ -145,7 +161,7 @@ class Selection:
             self.phase = Phase.DONE  # plain reuse: the scoring pass's K/V stands
             return
         runs = select_windows(self.scores, self.first, self.count, self.max_runs)
-        self.spans = [(self.sys_len + a, self.sys_len + b) for a, b in runs]
+        self.spans = [(self.sys_len + a, self.sys_len + b) for a, b in cut_runs(runs, self.cuts)]
         self.spans.append((self.question_start, self.num_tokens))
         self.phase = Phase.RUNS
 
