@@ -40,7 +40,7 @@ from vllm_ascend_chunk.metrics import (
     ChunkCachePromMetrics,
     stats_payload,
 )
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, ShadowRun
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
@@ -119,6 +119,10 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def reposition(self, running: list[Request]) -> None:
         """Before a step is scheduled: `qattn` requests move to the span they compute next."""
         self.coordinator.reposition(running)
+
+    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
+        """After a step is scheduled: `qattn` runs it also computes as rows of their own."""
+        return self.coordinator.shadow_runs(num_scheduled_tokens, budget, rows)
 
     def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """How many of `num_new_tokens` `request` may compute from `num_computed_tokens` on."""

@@ -161,6 +161,7 @@ class ChunkCacheMetrics:
     external_load_tokens: int
     selections: int
     selected_tokens: int
+    batched_runs: int
     host_hits: int
     host_hit_tokens: int
     remote_hits: int

@@ -15,11 +15,12 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import NewRequestData
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_ascend_chunk.connector import chunk_connector_of
-from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill
+from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill, ShadowRun
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -43,12 +44,64 @@ class _ChunkCacheSchedulerMixin:
         self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
         )
+        # Rows that are not requests: only where nothing else reads the step's requests (another
+        # connector would see them) or keeps steps in flight (pipeline parallelism).
+        only_chunk_cache = self.connector is self.chunk_connector
+        self._shadows_allowed = only_chunk_cache and not self.use_pp and not self.enable_return_routed_experts
+        self._shadow_ids: set[str] = set()
 
     def schedule(self):
         for prefill in self.chunk_connector.plan():
             self.add_request(self._prefill_request(prefill))
         self.chunk_connector.reposition(self.running)
         return super().schedule()
+
+    def _build_kv_connector_meta(self, connector, scheduler_output):
+        """vLLM's, once the `qattn` runs this step also computes are in the output."""
+        if self._shadows_allowed:
+            self._add_shadow_runs(scheduler_output)
+        return super()._build_kv_connector_meta(connector, scheduler_output)
+
+    def _add_shadow_runs(self, out) -> None:
+        """Each run `shadow_runs` hands out, as a new request of one step for the model runner: the
+        request's tokens and blocks, its run's tokens scheduled (a partial prefill: nothing is
+        sampled). The scheduler does not know it; the runner drops it at the next step."""
+        budget = self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
+        rows = self.max_num_running_reqs - len(out.num_scheduled_tokens)
+        for shadow in self.chunk_connector.shadow_runs(out.num_scheduled_tokens, budget, rows):
+            request = self._shadow_request(shadow)
+            block_ids = self.kv_cache_manager.get_block_ids(shadow.parent.request_id)
+            token_ids = request._all_token_ids if self.use_v2_model_runner else None
+            out.scheduled_new_reqs.append(NewRequestData.from_request(request, block_ids, token_ids))
+            out.num_scheduled_tokens[shadow.request_id] = shadow.end - shadow.start
+            out.total_num_scheduled_tokens += shadow.end - shadow.start
+            self._shadow_ids.add(shadow.request_id)
+        if self._shadow_ids:  # a shadow's context ends before its request's: no shared prefix
+            out.num_common_prefix_blocks = [0] * len(out.num_common_prefix_blocks)
+
+    @staticmethod
+    def _shadow_request(shadow: ShadowRun) -> Request:
+        parent = shadow.parent
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        request = Request(
+            request_id=shadow.request_id,
+            prompt_token_ids=parent.prompt_token_ids,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=parent.arrival_time,
+            lora_request=parent.lora_request,
+        )
+        request.num_computed_tokens = shadow.start
+        return request
+
+    def _update_after_schedule(self, scheduler_output) -> None:
+        """vLLM's for its requests; this step's shadow runs are finished for the runner next step."""
+        scheduled = scheduler_output.num_scheduled_tokens
+        shadows = {rid: scheduled.pop(rid) for rid in self._shadow_ids}
+        super()._update_after_schedule(scheduler_output)
+        scheduled.update(shadows)
+        self.finished_req_ids |= self._shadow_ids
+        self._shadow_ids = set()
 
     def chunk_token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """Tokens `request` may compute this step (`scheduler_hooks.cap_new_tokens`)."""

@@ -103,15 +103,16 @@ def test_recovery_last_in_the_sequential_layout(models_dir: Path):
     assert steps == [(0, 3), (3, 0), (1, 1), (3, 0)]  # the last documents are never looked up
 
 
-@pytest.mark.parametrize("layout", ["sequential", "overlap"])
-def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path, layout: str):
+@pytest.mark.parametrize("layout, budget", [("sequential", 32), ("sequential", 2048), ("overlap", 2048)])
+def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path, layout: str, budget: int):
     """`VLLM_CHUNK_CACHE_RECOVERY=qattn:0.3/4`: each request scores its documents with its question,
     recomputes the chosen windows in place and its question again; answers equal the HF reference's
     `qattn:0.3/4` in the layout, cold (chunks computed first) and warm, one by one and batched; a
-    request that asks for `none` gets plain reuse, one with one document nothing recomputed. A
-    32-token step budget splits the runs and the batched requests' passes into several pieces.
-    In `overlap` every document starts at the same position, so a run's positions depend on the
-    document each of its tokens is in."""
+    request that asks for `none` gets plain reuse, one with one document nothing recomputed.
+    A 32-token step budget splits the runs and the batched requests' passes into several pieces;
+    a large one lets a request's later runs join its first one's forward as rows of their own. In
+    `overlap` every document starts at the same position, so a run's positions depend on the
+    document each of its tokens is in (a run is cut at each document's start)."""
     docs = [cc.document(700 + i, 50 + 25 * i) for i in range(4)]
     first = [
         cc.chunked(cc.SYS, docs[:3], "What is first in these documents?"),
@@ -125,7 +126,7 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path, 
         {"prompts": first[:1], "extra_args": {"chunk_cache_recovery": "none"}},
     ]
     env = {"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.3/4", "VLLM_CHUNK_CACHE_LAYOUT": layout}
-    engine = {"disable_log_stats": False, "max_num_batched_tokens": 32, "max_num_seqs": 4}
+    engine = {"disable_log_stats": False, "max_num_batched_tokens": budget, "max_num_seqs": 4}
     result = run_engine(models_dir / "tiny-llama", rounds, engine, env=env)
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
     selected = 0
@@ -144,6 +145,7 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path, 
     states = result["states"]
     assert states[1]["selections"] == 4 and states[1]["selected_tokens"] == selected
     assert states[3]["selections"] == 4
+    assert (states[1]["batched_runs"] > 0) == (budget > 32), states[1]
 
 
 def test_ngram_speculation_with_chunked_prompts(models_dir: Path):

@@ -107,11 +107,13 @@ def make_request(
 
 
 def synthetic_output(scheduler_output, scheduler, token: int = 11):
-    """What the model runner would return: `token` for every request whose prompt is done."""
+    """What the model runner would return: `token` for every request whose prompt is done (a
+    `qattn` run computed as a row of its own, which the scheduler does not know, never is)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
-    sampled = [[] if scheduler.requests[r].is_prefill_chunk else [token] for r in ids]
+    done = {r for r in ids if r in scheduler.requests and not scheduler.requests[r].is_prefill_chunk}
+    sampled = [[token] if r in done else [] for r in ids]
     return ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
     )
@@ -154,8 +156,10 @@ def test_chunk_prefill_preempted_before_its_output_keeps_its_entries(scheduler, 
 def test_qattn_passes_under_async_scheduling(scheduler):
     """A `qattn` request's passes when each step's output (the workers' scores included) arrives
     one step late: the scoring piece stops before the question's last token, the request is not
-    scheduled until its scores are back, then computes each chosen run and its question again
-    as pieces of its own prefill, and samples only at the end."""
+    scheduled until its scores are back, then computes its first chosen run as a piece of its own
+    prefill and the second, in the same step, as a row of its own over the request's blocks, which
+    the runner is told to drop at the next step; then its question again, and samples only at the
+    end."""
     from vllm import SamplingParams
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
@@ -180,15 +184,23 @@ def test_qattn_passes_under_async_scheduling(scheduler):
     scheduler.add_request(user)
     scores = [0.0] * 120
     scores[60] = scores[100] = 1.0  # in windows 58-76 and 94-112
-    pieces, in_flight, finished = [], deque(), []
+    pieces, shadows, dropped, in_flight, finished = [], [], [], deque(), []
     for _ in range(60):
         out = scheduler.schedule()
+        dropped += [r for r in out.finished_req_ids if r.startswith("q#")]
         if "q" in out.num_scheduled_tokens:
             first = next((n.num_computed_tokens for n in out.scheduled_new_reqs if n.req_id == "q"), None)
             cached = out.scheduled_cached_reqs
             if first is None:
                 first = cached.num_computed_tokens[cached.req_ids.index("q")]
             pieces.append((first, out.num_scheduled_tokens["q"]))
+        for new in out.scheduled_new_reqs:
+            if new.req_id.startswith("q#"):
+                assert new.block_ids == scheduler.kv_cache_manager.get_block_ids("q")
+                assert new.prompt_token_ids == ids and new.sampling_params.max_tokens == 1
+                shifts = chunk_step_metadata(out.kv_connector_metadata).position_shifts
+                shadows.append((len(pieces), new.num_computed_tokens, out.num_scheduled_tokens[new.req_id]))
+                assert shifts[new.req_id] == 0 and out.num_common_prefix_blocks == [0]
         output = synthetic_output(out, scheduler, TOKEN)
         specs = chunk_step_metadata(out.kv_connector_metadata).scores
         report = ChunkCacheWorkerMetadata(scores={rid: list(scores) for rid in specs})
@@ -199,8 +211,10 @@ def test_qattn_passes_under_async_scheduling(scheduler):
                 finished += [o for o in eco.outputs if o.finish_reason is not None]
         if finished:
             break
-    assert pieces[:4] == [(125, 9), (63, 18), (99, 18), (125, 10)]
-    assert [p[1] for p in pieces[4:]] == [1, 1]  # then two decode steps
+    assert pieces[:3] == [(125, 9), (63, 18), (125, 10)]
+    assert shadows == [(2, 99, 18)]  # in the step of the first run
+    assert dropped == ["q#run99"] and "q#run99" not in scheduler.requests
+    assert [p[1] for p in pieces[3:]] == [1, 1]  # then two decode steps
     assert [o.request_id for o in finished] == ["q"] and finished[0].new_token_ids == [TOKEN]
     assert scheduler.requests == {} or "q" not in scheduler.requests
     stats = scheduler.connector.coordinator.manager.stats

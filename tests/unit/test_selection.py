@@ -77,6 +77,32 @@ def test_the_passes_of_one_request():
     assert sel.cap(18, 100) == 100 and not sel.scheduled(18, 4) and sel.reposition(22) is None
 
 
+def test_later_runs_are_taken_as_rows_of_their_own_when_the_current_one_completes():
+    def selected() -> Selection:
+        sel = Selection.for_spans(SPANS, 0.4, 4)  # count 6 in windows of 2 from offset 4
+        sel.scheduled(18, 3)
+        sel.reported([0.0] * 4 + [1.0, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0])
+        return sel
+
+    sel = selected()
+    assert sel.spans == [(7, 9), (11, 13), (15, 17), (18, 22)]
+    assert sel.take(9, 100, 8) == []  # before `reposition`: no run is the request's yet
+    assert sel.reposition(21) == 7
+    assert sel.take(8, 100, 8) == []  # the request's piece stops inside its run
+    assert sel.take(9, 1, 8) == []  # the next run (2 tokens) does not fit
+    assert sel.take(9, 3, 8) == [(11, 13)] and sel.reposition(9) == 15  # the one after is next
+    assert sel.take(17, 100, 8) == [] and sel.reposition(17) == 18 and sel.phase is Phase.DONE
+    sel = selected()
+    assert sel.reposition(21) == 7 and sel.take(9, 100, 1) == [(11, 13)]  # one row left
+    sel = selected()
+    sel.reposition(21)
+    # Every run but the question's pass: the question is always the request's own piece.
+    assert sel.take(9, 100, 8) == [(11, 13), (15, 17)] and sel.reposition(9) == 18
+    assert sel.phase is Phase.DONE
+    sel.restart()
+    assert (sel.cursor, sel.taken) == (-1, -1)
+
+
 def test_an_unscored_piece_serves_plain_reuse():
     sel = Selection.for_spans(SPANS, 0.3, 2)
     sel.scheduled(18, 3)
@@ -175,6 +201,35 @@ def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_e
         request.num_computed_tokens = first + num
     assert pieces == [(8, 1, 3), (9, 5, 7), (14, 100, 7)]  # C_2's last token at 5 + 3 - 3, C_3 from 2
     assert coord.manager.stats.selected_tokens == 6
+
+
+def test_a_shadow_run_has_its_own_position_shift(chunk_env):
+    """The run over C_3 computed as a row of its own, beside the request's piece over C_2's last
+    token: each lowered by its own document's shift; the request then computes its question."""
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
+    coord = coordinator(num_pages=16)
+    request = qattn_request("q")
+    coord.on_new_request(request)
+    make_resident(coord)
+    blocks = blocks_for(request)
+    coord.update_state_after_alloc(request, blocks, 14)
+    request.num_computed_tokens = 14
+    coord.build_connector_meta(FakeOutput({"q": 2}, scheduled_new_reqs=[FakeNewRequest("q", (blocks.ids,))]))
+    request.num_computed_tokens = 16
+    scores = [0.0] * 12
+    scores[7], scores[10] = 1.0, 1.0
+    coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores}))
+    coord.reposition([request])
+    assert request.num_computed_tokens == 8 and coord.token_cap(request, 100, 8) == 1
+    assert coord.shadow_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
+    (shadow,) = coord.shadow_runs({"q": 1}, budget=100, rows=4)
+    assert (shadow.request_id, shadow.parent, shadow.start, shadow.end) == ("q#run9", request, 9, 14)
+    meta = coord.build_connector_meta(FakeOutput({"q": 1, "q#run9": 5}))
+    assert meta.position_shifts == {"q": 3, "q#run9": 7} and not meta.scores
+    request.num_computed_tokens = 9
+    coord.reposition([request])
+    assert request.num_computed_tokens == 14 and coord.users["q"].selection.phase is Phase.DONE
+    assert coord.build_connector_meta(FakeOutput({"q": 3})).position_shifts == {"q": 7}
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (3, 3)])

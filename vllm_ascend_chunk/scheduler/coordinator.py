@@ -133,6 +133,18 @@ class _Step:
     load_slots: list[int] = field(default_factory=list)
     load_deltas: list[int] = field(default_factory=list)
     remote_reads: list[RemoteRead] = field(default_factory=list)
+    shadow_shifts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShadowRun:
+    """A `qattn` run computed as a batch row of its own, beside its request's piece: the
+    request's tokens and blocks, computed from `start` to `end` (`ChunkCacheCoordinator.shadow_runs`)."""
+
+    request_id: str
+    parent: Request
+    start: int
+    end: int
 
 
 class ChunkCacheCoordinator:
@@ -395,9 +407,12 @@ class ChunkCacheCoordinator:
             remote_reads=self._step.remote_reads,
             remote_writes=writes,
             position_shifts={  # a piece never crosses a change of shift (`Selection.cuts`)
-                rid: self.layout.shift_at(user.info, user.request.num_computed_tokens)
-                for rid in scheduler_output.num_scheduled_tokens
-                if (user := self.users.get(rid)) is not None
+                **{
+                    rid: self.layout.shift_at(user.info, user.request.num_computed_tokens)
+                    for rid in scheduler_output.num_scheduled_tokens
+                    if (user := self.users.get(rid)) is not None
+                },
+                **self._step.shadow_shifts,
             },
             scores=self._scores(scheduler_output),
         )
@@ -436,6 +451,22 @@ class ChunkCacheCoordinator:
         if user is None or user.selection is None or user.status is UserStatus.EXTERNAL:
             return num_new_tokens
         return user.selection.cap(num_computed_tokens, num_new_tokens)
+
+    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
+        """After vLLM scheduled this step: the further runs of `qattn` requests that are computed
+        in it as rows of their own (`Selection.take`), within `budget` tokens and `rows` rows."""
+        shadows = []
+        for rid, num in list(num_scheduled_tokens.items()):
+            user = self.users.get(rid)
+            if user is None or user.selection is None or user.status is UserStatus.EXTERNAL:
+                continue
+            for start, end in user.selection.take(user.request.num_computed_tokens + num, budget, rows):
+                shadow = ShadowRun(f"{rid}#run{start}", user.request, start, end)
+                self._step.shadow_shifts[shadow.request_id] = self.layout.shift_at(user.info, start)
+                shadows.append(shadow)
+                self.manager.stats.batched_runs += 1
+                budget, rows = budget - (end - start), rows - 1
+        return shadows
 
     def reposition(self, running: Sequence[Request]) -> None:
         """Start of a schedule: move running `qattn` requests to the span they compute next."""

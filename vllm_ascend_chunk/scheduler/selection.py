@@ -17,7 +17,11 @@ paged attention, no other kernel):
    request's computed-token count back to the run's first token; the run overwrites the loaded
    K/V of its slots and attends causally to every slot before it: loaded tokens, and the runs
    before it already recomputed. That is the in-place plan of the HF reference
-   (`tests/helpers/hf_recovery.py`, `qattn:r/m`).
+   (`tests/helpers/hf_recovery.py`, `qattn:r/m`). The runs after the one the request computes
+   join its forward as batch rows of their own over the request's blocks when the step has room
+   (`take`; the scheduler adds them): every backend writes a layer's K/V for all rows before any
+   row attends at that layer, so each run sees the runs before it recomputed, as one after
+   another would.
 3. **question**: the count moves to R and the question is computed again (its scoring-pass K/V saw
    the plain region); the request then samples and decodes as usual.
 
@@ -98,6 +102,9 @@ class Selection:
     spans: list[tuple[int, int]] = field(default_factory=list)
     """Token spans computed after scoring: the runs, then the question."""
     cursor: int = -1
+    """The span the request itself computes now."""
+    taken: int = -1
+    """The last span handed out as a row of its own (`take`)."""
 
     @classmethod
     def for_spans(
@@ -123,7 +130,7 @@ class Selection:
     def restart(self) -> None:
         """The request lost its blocks (preempted): everything starts again with its next load."""
         self.phase, self.scores, self.pending, self.failed = Phase.SCORING, [], 0, False
-        self.spans, self.cursor = [], -1
+        self.spans, self.cursor, self.taken = [], -1, -1
 
     def cap(self, num_computed: int, num_new: int) -> int:
         """Tokens the request may compute from `num_computed` on (`num_new` asked)."""
@@ -172,7 +179,24 @@ class Selection:
             return None
         if self.cursor >= 0 and num_computed < self.spans[self.cursor][1]:
             return None
-        self.cursor += 1
+        self.cursor = max(self.cursor, self.taken) + 1
         if self.cursor == len(self.spans) - 1:
             self.phase = Phase.DONE
         return self.spans[self.cursor][0]
+
+    def take(self, piece_end: int, budget: int, rows: int) -> list[tuple[int, int]]:
+        """The runs after the current one that this step may compute as rows of their own, beside
+        the request's piece that ends at `piece_end`: whole runs, in order, within `budget` tokens
+        and `rows` rows; none unless that piece completes its run (a row attends to the K/V the
+        rows before it write at each layer of the same forward, so runs computed together see
+        what they would one after another). The question is always the request's own piece."""
+        if self.phase is not Phase.RUNS or self.cursor < 0 or piece_end != self.spans[self.cursor][1]:
+            return []
+        taken = []
+        for start, end in self.spans[self.cursor + 1 : -1]:
+            if end - start > budget or len(taken) == rows:
+                break
+            taken.append((start, end))
+            budget -= end - start
+        self.taken = self.cursor + len(taken)
+        return taken

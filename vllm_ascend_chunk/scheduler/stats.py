@@ -43,6 +43,9 @@ class ChunkCacheStats:
         "Requests (`qattn` recovery) that recomputed the document tokens their question chose."
     )
     selected_tokens: int = _counter("Document tokens those requests recomputed in place.")
+    batched_runs: int = _counter(
+        "Runs of those requests computed in the forward of an earlier run of theirs (a batch row each)."
+    )
     host_hits: int = _counter("Chunk occurrences copied back from the host-memory tier.")
     host_hit_tokens: int = _counter("Tokens of the host-tier hits.")
     remote_hits: int = _counter("Chunk occurrences read from the remote store.")
