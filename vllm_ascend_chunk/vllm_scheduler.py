@@ -1,4 +1,5 @@
-"""vLLM schedulers with the chunk cache: chunk prefills in, their outputs hidden.
+"""vLLM schedulers with the chunk cache: chunk prefills in, their outputs hidden; `qattn` runs
+as batch rows of one step.
 
 The scheduler side's vLLM adapter, beside the connector (the logic is in `scheduler/`).
 Selected automatically (`engine_config.configure`) as `ChunkCacheScheduler` or, with async
@@ -20,7 +21,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_ascend_chunk.connector import chunk_connector_of
-from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill, ShadowRun
+from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -69,7 +70,8 @@ class _ChunkCacheSchedulerMixin:
         budget = self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
         rows = self.max_num_running_reqs - len(out.num_scheduled_tokens)
         for shadow in self.chunk_connector.shadow_runs(out.num_scheduled_tokens, budget, rows):
-            request = self._shadow_request(shadow)
+            request = self._own_request(shadow.request_id, shadow.parent.prompt_token_ids, shadow.parent)
+            request.num_computed_tokens = shadow.start
             block_ids = self.kv_cache_manager.get_block_ids(shadow.parent.request_id)
             token_ids = request._all_token_ids if self.use_v2_model_runner else None
             out.scheduled_new_reqs.append(NewRequestData.from_request(request, block_ids, token_ids))
@@ -78,21 +80,6 @@ class _ChunkCacheSchedulerMixin:
             self._shadow_ids.add(shadow.request_id)
         if self._shadow_ids:  # a shadow's context ends before its request's: no shared prefix
             out.num_common_prefix_blocks = [0] * len(out.num_common_prefix_blocks)
-
-    @staticmethod
-    def _shadow_request(shadow: ShadowRun) -> Request:
-        parent = shadow.parent
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        request = Request(
-            request_id=shadow.request_id,
-            prompt_token_ids=parent.prompt_token_ids,
-            sampling_params=params,
-            pooling_params=None,
-            arrival_time=parent.arrival_time,
-            lora_request=parent.lora_request,
-        )
-        request.num_computed_tokens = shadow.start
-        return request
 
     def _update_after_schedule(self, scheduler_output) -> None:
         """vLLM's for its requests; this step's shadow runs are finished for the runner next step."""
@@ -110,19 +97,30 @@ class _ChunkCacheSchedulerMixin:
     def _prefill_request(self, prefill: ChunkPrefill) -> Request:
         """A prefill-only request computing `SYS + C_i` exactly (never reads the prefix cache)."""
         parent = prefill.parent
+        return self._own_request(
+            prefill.request_id,
+            prefill.token_ids,
+            parent,
+            cache_salt=parent.cache_salt,
+            priority=parent.priority,
+            block_hasher=self._prefill_block_hasher,
+        )
+
+    @staticmethod
+    def _own_request(request_id: str, token_ids: list[int], parent: Request, **kwargs) -> Request:
+        """A request of the chunk cache's own, for `parent`: greedy, one token no client sees, the
+        parent's adapter, no prefix cache read."""
         params = SamplingParams(
             max_tokens=1, temperature=0.0, detokenize=False, skip_reading_prefix_cache=True
         )
         return Request(
-            request_id=prefill.request_id,
-            prompt_token_ids=prefill.token_ids,
+            request_id=request_id,
+            prompt_token_ids=token_ids,
             sampling_params=params,
             pooling_params=None,
             arrival_time=parent.arrival_time,
             lora_request=parent.lora_request,
-            cache_salt=parent.cache_salt,
-            priority=parent.priority,
-            block_hasher=self._prefill_block_hasher,
+            **kwargs,
         )
 
     def update_from_output(self, scheduler_output, model_runner_output):
