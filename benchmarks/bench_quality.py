@@ -11,7 +11,7 @@ Every configuration gets the same token ids, `SYS + C_1 + ... + C_n + Q`, in a f
 | `sequential` | chunk cache on, `VLLM_CHUNK_CACHE_LAYOUT=sequential` | the ids with `chunk_spans` |
 | `overlap+last`, `+last:2` | as `overlap`, `VLLM_CHUNK_CACHE_RECOVERY=last` / `last:2` | as `overlap` |
 | `sequential+last`, `+last:2` | as `sequential`, the same recovery | as `sequential` |
-| `sequential+qattn:0.1`, `+qattn:0.15`, `+qattn:0.2`, `+qattn:0.2/4`, `+qattn:0.2/64` | as `sequential`, `qattn` | same |
+| `sequential+qattn:0.1`, `:0.15`, `:0.2`, `:0.2/4`, `:0.2/64` | as `sequential`, `qattn` | same |
 
 With `last` (`last:2`) the engine computes the last document (two documents) with the question
 instead of loading it.
