@@ -13,12 +13,21 @@ of K/V the engine computed itself, so the chunk path may add no error of its own
 covers the longer contexts of the chunked prompts. Tokens must be equal, except that after a step
 where the reference's top-1/top-2 log-probability gap is below `2 * tol` (a near-tie that bf16
 noise may flip) the rest of that answer is not compared. `delta` itself must stay below 0.25.
-The numbers go to `$CHUNK_CACHE_GPU_REPORT` (JSON) when it is set. `CHUNK_CACHE_GPU_ATTENTION_BACKEND`
-(e.g. `TRITON_ATTN`) overrides vLLM's choice of attention backend (FlashAttention 3 on Hopper in bf16).
+`qattn` requests (per request, `chunk_cache_recovery`) are checked against the HF plan of `qattn`
+in the same way, and the engine must have scored them (a scoring pass replayed from a full CUDA
+graph would be served unscored).
+
+The engines are sized by `kv_cache_memory_bytes` (1 GiB of paged KV cache each) and a small
+`gpu_memory_utilization`, not by profiling the free memory, so that several run at once on one GPU
+(`pytest -n 5`, as `tools/gpu_session.sh` runs them): vLLM's memory profiling asserts that no
+other process frees memory while it measures. The numbers go to `$CHUNK_CACHE_GPU_REPORT` (JSON)
+when it is set. `CHUNK_CACHE_GPU_ATTENTION_BACKEND` (e.g. `TRITON_ATTN`) overrides vLLM's choice of
+attention backend (FlashAttention 3 on Hopper in bf16).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -36,26 +45,33 @@ pytestmark = [
     pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU), reason="needs a CUDA GPU"),
 ]
 DTYPE = "float32" if ON_CPU else "bfloat16"
-# Small engines: a 4096-token context, a little of the GPU's memory (the pool is carved out of it).
-ENGINE = {"max_model_len": 4096} if ON_CPU else {"max_model_len": 4096, "gpu_memory_utilization": 0.25}
+# Small engines: a 4096-token context, 1 GiB of paged KV cache (the pool is carved out of it), so
+# that five fit on one GPU at once.
+GPU_ENGINE = {"max_model_len": 4096, "gpu_memory_utilization": 0.12, "kv_cache_memory_bytes": 2**30}
+ENGINE = {"max_model_len": 4096} if ON_CPU else GPU_ENGINE
 if backend := os.environ.get("CHUNK_CACHE_GPU_ATTENTION_BACKEND"):  # e.g. TRITON_ATTN
     ENGINE["attention_config"] = {"backend": backend}
 ENV = {"VLLM_CHUNK_CACHE_SIZE_GB": "0.25"}
 REPORT = os.environ.get("CHUNK_CACHE_GPU_REPORT")
+QATTN = "qattn:0.3/4"
 
 
 def record(name: str, data: dict) -> None:
+    """`data` under `name` in the report (a lock: the tests run in parallel processes)."""
     if not REPORT:
         return
     path = Path(REPORT)
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report[name] = data
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        report = json.loads(path.read_text()) if path.exists() else {}
+        report[name] = data
+        path.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def compare(res: dict, ref: hf_reference.Reference, tol: float, what: str) -> dict:
     """Tokens equal and logprobs within `tol` until the first near-tie the engine resolves the
-    other way; returns how many steps were compared and where it stopped."""
+    other way (there, the engine's token must be as likely as the reference's within the gap and
+    `tol`); returns how many steps were compared and where it stopped."""
     assert "error" not in res, f"{what}: {res}"
     worst = 0.0
     for step, (tok, lp) in enumerate(zip(res["tokens"], res["logprobs"], strict=True)):
@@ -63,6 +79,10 @@ def compare(res: dict, ref: hf_reference.Reference, tol: float, what: str) -> di
             assert ref.gaps[step] < 2 * tol, (
                 f"{what}: token {step} is {tok}, the reference's {ref.tokens[step]} leads by "
                 f"{ref.gaps[step]:.4f} (> 2 x tol {tol:.4f})"
+            )
+            assert abs(lp - ref.logprobs[step]) <= ref.gaps[step] + tol, (
+                f"{what}: at the near-tie of step {step} the engine's token has logprob {lp:.5f}, "
+                f"the reference's {ref.logprobs[step]:.5f} (gap {ref.gaps[step]:.4f}, tol {tol:.4f})"
             )
             return {"steps": step, "stopped_at_near_tie": step, "worst": worst}
         worst = max(worst, abs(lp - ref.logprobs[step]))
@@ -91,7 +111,14 @@ def token_prompt(sys_ids: list[int], chunks: list[list[int]], q_ids: list[int]) 
     }
 
 
-def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_reference.Reference:
+def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str, recovery: str | None = None):
+    """The HF reference of `prompt` (`hf_reference.Reference`), or with `recovery` = `qattn:...`
+    the HF plan of that mode (an `hf_recovery.Outcome`: tokens, logprobs, gaps, and `compute`, the
+    region tokens the plan computes)."""
+    if recovery is not None:
+        _, out, compute = cc.qattn_reference(model, raw_tok, prompt, max_tokens, recovery, layout)
+        out.compute = compute
+        return out
     if isinstance(prompt, dict):
         ids, spans = prompt["prompt_token_ids"], prompt["chunk_spans"]
         sys_len, chunk_lens = spans["sys_len"], spans["chunk_lens"]
@@ -110,6 +137,8 @@ def reference_of(model, raw_tok, prompt, max_tokens: int, layout: str) -> hf_ref
 
 
 def check_engine(name: str, models_dir: Path, layout: str) -> None:
+    """Ordinary, cold, warm, reordered and 1-token chunked prompts (some joining decode batches),
+    then `qattn` requests one by one and batched, against the reference in `layout`."""
     raw_tok = cc.reference_tools(models_dir, name)[1]
     ordinary = [cc.document(300 + i, 120) for i in range(3)]
     docs = [cc.document(310 + i, 90) for i in range(4)] + [cc.UNICODE_DOC]
@@ -134,6 +163,10 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
         token_prompt(sys16, [letters[2], letters[0], letters[1]], q_ids),
         cc.chunked("", [cc.document(330, 40)], "Empty system, again?"),
     ]
+    qattn = [
+        cc.chunked(cc.SYS, [docs[0], docs[1], docs[2]], "What is first in these documents?"),
+        cc.chunked(cc.SYS, [docs[3], docs[0], docs[4], docs[1]], "And which one is the longest?"),
+    ]
     rounds = [
         {"prompts": ordinary, "batch": True, "max_tokens": 24},
         {"prompts": cold, "max_tokens": 16},
@@ -142,9 +175,17 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
         {"prompts": [seed_sys], "max_tokens": 4},
         {"prompts": ordinary[:2], "late": late, "late_after": 6, "max_tokens": 48},
         {"prompts": reuse, "batch": True, "max_tokens": 16},
+        {"prompts": qattn, "max_tokens": 16, "extra_args": {"chunk_cache_recovery": QATTN}},
+        {"prompts": qattn, "batch": True, "max_tokens": 16, "extra_args": {"chunk_cache_recovery": QATTN}},
     ]
     env = {**ENV, "VLLM_CHUNK_CACHE_LAYOUT": layout}
-    check_against_reference(f"{name}-{layout}", models_dir, name, rounds, ENGINE, env, layout)
+    result = check_against_reference(f"{name}-{layout}", models_dir, name, rounds, ENGINE, env, layout)
+    before, one_by_one, batched = result["states"][-3:]
+    # Every qattn request scored and recomputed what its plan computes (none served unscored).
+    assert one_by_one["selections"] - before["selections"] == len(qattn), one_by_one
+    assert batched["selections"] - one_by_one["selections"] == len(qattn), batched
+    planned = sum(len(ref.compute) for ref in result["qattn_plans"])
+    assert batched["selected_tokens"] - before["selected_tokens"] == planned, (batched, planned)
 
 
 def check_against_reference(
@@ -163,13 +204,17 @@ def check_against_reference(
     delta = noise(model, result["rounds"][0])
     assert delta < 0.25, f"{name}: the engine is {delta:.3f} from the reference on ordinary prompts"
     tol = max(4 * delta, 2e-3)
-    compared = []
+    compared, result["qattn_plans"] = [], []
     for r, (rnd, res) in enumerate(zip(rounds, result["rounds"], strict=True)):
         if r == 0:
             continue
+        recovery = rnd.get("extra_args", {}).get("chunk_cache_recovery")
         for prompt, out in zip(rnd["prompts"] + rnd.get("late", []), res, strict=True):
-            ref = reference_of(model, raw_tok, prompt, len(out["tokens"]), layout)
+            ref = reference_of(model, raw_tok, prompt, len(out["tokens"]), layout, recovery)
             compared.append(compare(out, ref, tol, f"{report} round {r}"))
+            if recovery:
+                result["qattn_plans"].append(ref)
+    assert sum(c["steps"] for c in compared) >= len(compared), "near-ties stopped most comparisons"
     for state in result["states"]:
         assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0, state
     record(

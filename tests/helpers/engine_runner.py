@@ -13,7 +13,7 @@ SPEC: {"model": dir, "dtype": "float32" (default) | "bfloat16", "engine": {LLM k
 A prompt is text or a token-id prompt {"prompt_token_ids": [...], "chunk_spans": {...}}.
 Output line `RESULT {...}`: per round the prompt ids, generated ids and logprobs (or the error
 text) of every prompt, the chunk cache state after each round, and the engine's execution mode
-(scheduler class, CUDA graph mode, attention backend).
+(scheduler class, CUDA graph mode, attention backend) and start-up time.
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so its state is visible.
 """
 
@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -171,12 +172,14 @@ def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
+    started = time.monotonic()
     llm = LLM(spec["model"], dtype=spec.get("dtype", "float32"), seed=0, **spec.get("engine", {}))
+    start_s = time.monotonic() - started
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     preemptions = []
     preempt = scheduler._preempt_request
     scheduler._preempt_request = lambda *a, **k: (preemptions.append(1), preempt(*a, **k))[1]
-    result = {"rounds": [], "states": [], "engine": engine_info(llm)}
+    result = {"rounds": [], "states": [], "engine": {**engine_info(llm), "start_s": round(start_s, 1)}}
     for rnd in spec["rounds"]:
         params = SamplingParams(
             max_tokens=rnd.get("max_tokens", 8),

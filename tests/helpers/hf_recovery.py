@@ -72,10 +72,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from unittest import mock
 
 import torch
+
+from tests.helpers.hf_reference import Reference
 
 
 @dataclass
@@ -91,6 +93,8 @@ class Outcome:
     tokens: list[int]
     first_logprobs: torch.Tensor  # [vocab] log-softmax of the first answer token
     computed: int  # prompt tokens computed on a warm request (region tokens computed + Q)
+    logprobs: list[float] = field(default_factory=list)  # of each greedy token
+    gaps: list[float] = field(default_factory=list)  # top-1 minus top-2 log-probability per step
 
 
 def layout_starts(sys_len: int, chunk_lens: list[int], layout: str) -> tuple[list[int], int]:
@@ -373,8 +377,8 @@ def run(
             .logits[0, -1]
             .float()
         )
-        tokens, first = _decode(model, cache, logits, q_start + len(q_ids), max_tokens, eos)
-    return Outcome(tokens=tokens, first_logprobs=first, computed=len(compute) + len(q_ids))
+        steps, first = _decode(model, cache, logits, q_start + len(q_ids), max_tokens, eos)
+    return Outcome(steps.tokens, first, len(compute) + len(q_ids), steps.logprobs, steps.gaps)
 
 
 def _plan_mask(loaded: list[tuple], computed: list[tuple], sys_len: int, defer: bool) -> torch.Tensor:
@@ -395,15 +399,15 @@ def _plan_mask(loaded: list[tuple], computed: list[tuple], sys_len: int, defer: 
 
 def _decode(
     model, cache, logits: torch.Tensor, pos: int, max_tokens: int, eos: int | None
-) -> tuple[list[int], torch.Tensor]:
-    """Greedy tokens from the first answer token's logits on, and that token's log-softmax."""
+) -> tuple[Reference, torch.Tensor]:
+    """Greedy steps from the first answer token's logits on (tokens, their log-probabilities and
+    top-2 gaps), and the first token's log-softmax."""
     first = torch.log_softmax(logits, dim=-1)
-    out: list[int] = []
+    steps = Reference(tokens=[])
     for _ in range(max_tokens):
-        token = int(logits.argmax())
-        if eos is not None and token == eos:
+        if eos is not None and int(logits.argmax()) == eos:
             break
-        out.append(token)
+        token = steps.take(logits)
         logits = (
             model(
                 input_ids=torch.tensor([[token]]),
@@ -415,7 +419,7 @@ def _decode(
             .float()
         )
         pos += 1
-    return out, first
+    return steps, first
 
 
 @torch.no_grad()
@@ -426,8 +430,8 @@ def run_full(
     outputs = model(input_ids=torch.tensor([prompt]), use_cache=True)
     cache, logits = outputs.past_key_values, outputs.logits[0, -1].float()
     keys = cache.layers[check_layer].keys[0].transpose(0, 1).reshape(len(prompt), -1).clone()
-    tokens, first = _decode(model, cache, logits, len(prompt), max_tokens, eos)
-    return Outcome(tokens=tokens, first_logprobs=first, computed=len(prompt)), keys
+    steps, first = _decode(model, cache, logits, len(prompt), max_tokens, eos)
+    return Outcome(steps.tokens, first, len(prompt), steps.logprobs, steps.gaps), keys
 
 
 def key_deviation(
