@@ -7,12 +7,14 @@
     python -m benchmarks.bench_rag --concurrency-only --concurrency 16,64 --itl 12 \
         --configs prefix,chunk                  # throughput at 16 and 64 clients, decode cost
 
-One invocation starts `vllm serve` on the benchmark model three times, one configuration each:
+One invocation starts `vllm serve` on the benchmark model once per configuration:
   no_cache   VLLM_ENABLE_CHUNK_CACHE=false, --no-enable-prefix-caching
   prefix     VLLM_ENABLE_CHUNK_CACHE=false, --enable-prefix-caching (vLLM's prefix caching alone)
   chunk      VLLM_ENABLE_CHUNK_CACHE=true,  --enable-prefix-caching (chunk cache + prefix caching)
+  qattn      the same as chunk, with VLLM_CHUNK_CACHE_RECOVERY=--qattn (only when --configs names it)
 and sends every configuration the same sequence of requests (`rag_workload.build_workload`),
-one at a time. Prompts are `SYSTEM # # DOC_1 # # ... # # DOC_n # # QUESTION` with documents of
+one at a time (servers one after the other, or with --parallel-start all started at once and
+measured one at a time). Prompts are `SYSTEM # # DOC_1 # # ... # # DOC_n # # QUESTION` with documents of
 ~512 tokens and a ~32-token question. TTFT is the time to the first streamed token of a
 `/v1/completions` request made with the openai client. After each request the server's
 Prometheus `/metrics` is read: chunk cache hits and misses (`vllm:chunk_cache_{hits,misses}_total`,
@@ -56,10 +58,10 @@ from benchmarks.machine import machine_info
 from benchmarks.rag_itl import run_itl
 from benchmarks.rag_phases import Streams, run_config
 from benchmarks.rag_plot import plot
-from benchmarks.rag_servers import CONFIGS
+from benchmarks.rag_servers import CONFIGS, make_server
 from benchmarks.rag_summary import targets
 from benchmarks.rag_tables import print_summary
-from benchmarks.serve_util import MODELS, REPO, portable
+from benchmarks.serve_util import MODELS, REPO, VllmServer, portable, start_all
 
 
 # -- options ----------------------------------------------------------------------------------------------
@@ -193,6 +195,20 @@ def _add_server_options(ap: argparse.ArgumentParser) -> None:
         help="VLLM_CHUNK_CACHE_RECOVERY of the chunk-cache server (e.g. qattn:0.2; default none)",
     )
     ap.add_argument(
+        "--qattn",
+        default="qattn:0.2",
+        help="VLLM_CHUNK_CACHE_RECOVERY of the `qattn` configuration (target qattn_ratio: its warm "
+        "TTFT against the `chunk` server's)",
+    )
+    ap.add_argument(
+        "--parallel-start",
+        action="store_true",
+        help="start every configuration's server at once, then measure them one at a time with "
+        "the others paused (SIGSTOP); on a GPU give each a fixed KV cache "
+        "(--server-arg=--kv-cache-memory-bytes=...): vLLM's memory profiling assumes that no "
+        "other process changes its memory meanwhile",
+    )
+    ap.add_argument(
         "--server-arg",
         action="append",
         help="one more argument for every `vllm serve` (repeat; e.g. "
@@ -322,18 +338,45 @@ def _print_sample(config: str, s: dict) -> None:
     )
 
 
+def log_path_of(config: str, args: argparse.Namespace, log_dir: Path) -> Path:
+    """The server log of a configuration."""
+    return log_dir / f"{args.out.stem}_{config}.log"
+
+
+def start_servers(
+    configs: list[str], args: argparse.Namespace, log_dir: Path
+) -> dict[str, tuple[VllmServer, float | Exception]]:
+    """--parallel-start: every configuration's server started at once; per configuration the
+    server and its start-up seconds, or the exception that stopped it."""
+    print(f"\nstarting {len(configs)} servers at once: {configs}", flush=True)
+    servers = [make_server(c, args, log_path_of(c, args, log_dir)) for c in configs]
+    outcomes = start_all(servers)
+    for config, outcome in zip(configs, outcomes, strict=True):
+        said = f"FAILED: {outcome}" if isinstance(outcome, Exception) else f"up in {outcome:.1f} s"
+        print(f"[{config}] {said}", flush=True)
+    return dict(zip(configs, zip(servers, outcomes, strict=True), strict=True))
+
+
 def run_one_config(
     config: str,
     workload: rag_workload.RagWorkload,
     args: argparse.Namespace,
     log_dir: Path,
     streams: Streams,
+    prestarted: tuple[VllmServer, float | Exception] | None = None,
 ) -> dict:
-    """The configuration's result; a failure becomes its error, so the others' results are kept."""
-    print(f"\n[{config}] starting vllm serve ({CONFIGS[config]['title']})", flush=True)
-    log_path = log_dir / f"{args.out.stem}_{config}.log"
+    """The configuration's result (on its `prestarted` server, if any); a failure becomes its
+    error, so the others' results are kept."""
+    log_path = log_path_of(config, args, log_dir)
     try:
-        return run_config(config, workload, args, log_path, functools.partial(_print_sample, config), streams)
+        if prestarted is None:
+            print(f"\n[{config}] starting vllm serve ({CONFIGS[config]['title']})", flush=True)
+        elif isinstance(prestarted[1], Exception):
+            raise prestarted[1]
+        else:
+            print(f"\n[{config}] measuring ({CONFIGS[config]['title']})", flush=True)
+        on_sample = functools.partial(_print_sample, config)
+        return run_config(config, workload, args, log_path, on_sample, streams, prestarted)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # keep the other configurations' results
@@ -387,12 +430,21 @@ def main(argv: list[str] | None = None) -> int:
         f"server logs in {log_dir}",
         flush=True,
     )
+    prestarted = start_servers(configs, args, log_dir) if args.parallel_start else {}
     try:
         for config in configs:
-            report["configs"][config] = run_one_config(config, workload, args, log_dir, streams)
+            others = [s for c, (s, _) in prestarted.items() if c != config and s.proc is not None]
+            with contextlib.ExitStack() as paused:
+                for server in others:
+                    paused.enter_context(server.paused())
+                report["configs"][config] = run_one_config(
+                    config, workload, args, log_dir, streams, prestarted.get(config)
+                )
         if args.itl:
             report["itl"] = run_decode_cost(args, log_dir)
     finally:
+        for server, _ in prestarted.values():
+            server.stop()
         finish_report(report, args, started, plot_path)
     print_summary(report)
     print(f"\nwrote {args.out} and {plot_path} in {report['wall_s']:.0f} s")

@@ -152,9 +152,11 @@ def run_config(
     log_path: Path | None = None,
     on_sample: OnSample | None = None,
     streams: Streams | None = None,
+    started: tuple[VllmServer, float] | None = None,
 ) -> dict:
-    """Start the configuration's server, send the workload, stop the server."""
-    server = make_server(config, args, log_path)
+    """Start the configuration's server (or take `started`: a running server and its start-up
+    seconds), send the workload, stop the server."""
+    server = started[0] if started else make_server(config, args, log_path)
     result: dict = {
         "title": CONFIGS[config]["title"],
         "server_env": server_env(config, args),
@@ -163,8 +165,12 @@ def run_config(
     }
     t0 = time.perf_counter()
     try:
-        server.start()
-        result["startup_s"] = time.perf_counter() - t0
+        if started:
+            result["startup_s"] = started[1]
+            result["started_with_others"] = True
+        else:
+            server.start()
+            result["startup_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         result["samples"] = run_requests(server, config, workload, args, on_sample)
         result["requests_wall_s"] = time.perf_counter() - t1

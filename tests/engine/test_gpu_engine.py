@@ -60,12 +60,14 @@ def record(name: str, data: dict) -> None:
     """`data` under `name` in the report (a lock: the tests run in parallel processes)."""
     if not REPORT:
         return
-    path = Path(REPORT)
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        report = json.loads(path.read_text()) if path.exists() else {}
+    with open(REPORT, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        report = json.loads(f.read() or "{}")
         report[name] = data
-        path.write_text(json.dumps(report, indent=1) + "\n")
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(report, indent=1) + "\n")
 
 
 def compare(res: dict, ref: hf_reference.Reference, tol: float, what: str) -> dict:
