@@ -47,10 +47,11 @@ EXCLUDED = {
     "triton": "preinstalled",
     "transformers": "preinstalled (5.17.0 there; vLLM accepts >=4.56, not 5.0-5.5.0)",
     "flashinfer-python": "FlashInfer attention/sampling: the selector skips a backend whose import "
-    "fails (platforms/cuda.py get_valid_backends catches ImportError) and "
-    "has_flashinfer() gates the sampler; FA3 and Triton attention need none of it",
+    "fails (platforms/cuda.py get_valid_backends catches ImportError); the top-k/top-p sampler "
+    "imports it on CUDA unless VLLM_USE_FLASHINFER_SAMPLER=0 (v1/sample/ops/topk_topp_sampler.py), "
+    "which tools/gpu_session.sh sets (seen on an H200: without it every engine fails to start); "
+    "FA3 and Triton attention need none of it",
     "flashinfer-cubin": "FlashInfer's precompiled kernels (see flashinfer-python)",
-    "apache-tvm-ffi": "FlashInfer's and tilelang's FFI layer",
     "tilelang": "kernel DSL of sparse-MLA / DeepSeek kernels, imported lazily there",
     "nvidia-cudnn-frontend": "cuDNN attention/prefill for MLA on Blackwell",
     "nvidia-cutlass-dsl": "CuTe DSL: FlashAttention 4 (removed) and Blackwell kernels",

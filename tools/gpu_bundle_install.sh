@@ -97,7 +97,7 @@ if [ "${#wanted[@]}" -gt 0 ]; then
 else
   echo "bundle: every bundled distribution is already there"
 fi
-"$venv/bin/python" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-warn-conflicts -e "$repo"
+"$venv/bin/python" -m pip install --quiet --no-index --no-deps --no-build-isolation --use-pep517 --no-warn-conflicts -e "$repo"
 
 if ! command -v patch >/dev/null; then
   deb=$(ls "$work"/stage/debs/patch_*.deb 2>/dev/null | head -1 || true)

@@ -51,6 +51,8 @@ began=${GPU_SESSION_BEGAN:-$(date +%s)}
 export GPU_SESSION_BEGAN=$began
 mkdir -p "$out" "$work/logs"
 export CHUNK_CACHE_MODELS_DIR=$models PYTHONUNBUFFERED=1
+# The bundle leaves FlashInfer out (tools/gpu_bundle_deps.py): vLLM's sampler must not import it.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 
 # Usual seconds per step on the GPU (the last GPU session's, else an estimate): a step starts
 # only if this much of the budget is left.

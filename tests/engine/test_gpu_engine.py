@@ -6,13 +6,18 @@ CPU engine in float32, to check the plumbing where no GPU is at hand (the CPU pl
 graphs and async scheduling off, so that says nothing about them).
 
 Tolerance, derived in each engine rather than fixed: the first round sends ordinary prompts (no
-chunk path at all), and the largest |logprob(vLLM) - logprob(HF float32)| over their greedy steps
-is the engine's own numerical noise `delta` (bf16 weights and activations, fused kernels). Chunked
-prompts must then match the reference to `tol = max(4 * delta, 2e-3)`: a loaded chunk is a copy
-of K/V the engine computed itself, so the chunk path may add no error of its own, and the factor 4
-covers the longer contexts of the chunked prompts. Tokens must be equal, except that after a step
-where the reference's top-1/top-2 log-probability gap is below `2 * tol` (a near-tie that bf16
-noise may flip) the rest of that answer is not compared. `delta` itself must stay below 0.25.
+chunk path at all) of ~130 to ~440 tokens, as long as the chunked prompts, and the largest
+|logprob(vLLM) - logprob(HF float32)| over their greedy steps is the engine's own numerical noise
+`delta` (bf16 weights and activations, fused kernels). Chunked prompts must then match the
+reference to `tol = max(4 * delta, 2e-3)`: a loaded chunk is a copy of K/V the engine computed
+itself, so the chunk path may add no error of its own. Tokens must be equal, except that after a
+step where the reference's top-1/top-2 log-probability gap is below `2 * tol` (a near-tie that
+bf16 noise may flip) the rest of that answer is not compared. `delta` itself must stay below
+DELTA_CAP, a check that the engine computes the model at all: the tiny models' logits are large
+(greedy decoding without near-ties), so their bf16 noise is too; the first GPU run (an H200,
+`benchmarks/gpu_tests_h200.json`) measured 0.03 to 0.27 on ~130-token prompts, and a 4 x delta
+of 0.13 was too tight for ~400-token chunked prompts, hence prompts of both lengths now.
+
 `qattn` requests (per request, `chunk_cache_recovery`) are checked against the HF plan of `qattn`
 in the same way, and the engine must have scored them (a scoring pass replayed from a full CUDA
 graph would be served unscored).
@@ -54,6 +59,14 @@ if backend := os.environ.get("CHUNK_CACHE_GPU_ATTENTION_BACKEND"):  # e.g. TRITO
 ENV = {"VLLM_CHUNK_CACHE_SIZE_GB": "0.25"}
 REPORT = os.environ.get("CHUNK_CACHE_GPU_REPORT")
 QATTN = "qattn:0.3/4"
+DELTA_CAP = 0.5
+"""The most bf16 noise an engine may show on ordinary prompts (nats; see above)."""
+
+
+def ordinary_prompts(seed: int) -> list[str]:
+    """Prompts without documents of ~130, ~290 and ~440 tokens: the engine's noise over the
+    lengths of the chunked prompts."""
+    return [cc.document(seed + i, words) for i, words in enumerate((120, 260, 400))]
 
 
 def record(name: str, data: dict) -> None:
@@ -142,7 +155,7 @@ def check_engine(name: str, models_dir: Path, layout: str) -> None:
     """Ordinary, cold, warm, reordered and 1-token chunked prompts (some joining decode batches),
     then `qattn` requests one by one and batched, against the reference in `layout`."""
     raw_tok = cc.reference_tools(models_dir, name)[1]
-    ordinary = [cc.document(300 + i, 120) for i in range(3)]
+    ordinary = ordinary_prompts(300)
     docs = [cc.document(310 + i, 90) for i in range(4)] + [cc.UNICODE_DOC]
     cold = [cc.chunked(cc.SYS, docs[:3], "What is first?"), cc.chunked(cc.SYS, docs[2:], "Which is French?")]
     reordered = [
@@ -204,7 +217,7 @@ def check_against_reference(
     model, raw_tok = cc.reference_tools(models_dir, name)
     result = run_engine(models_dir / name, rounds, engine, env, dtype=DTYPE)
     delta = noise(model, result["rounds"][0])
-    assert delta < 0.25, f"{name}: the engine is {delta:.3f} from the reference on ordinary prompts"
+    assert delta < DELTA_CAP, f"{name}: the engine is {delta:.3f} from the reference on ordinary prompts"
     tol = max(4 * delta, 2e-3)
     compared, result["qattn_plans"] = [], []
     for r, (rnd, res) in enumerate(zip(rounds, result["rounds"], strict=True)):
@@ -266,7 +279,7 @@ def test_host_tier_copies_evicted_documents_back_into_the_pool(models_dir: Path)
     sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     prompts = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
     shuffled = [cc.chunked(cc.SYS, [docs[i] for i in s[::-1]], f"Again {s}?") for s in sets]
-    ordinary = [cc.document(340 + i, 120) for i in range(2)]
+    ordinary = ordinary_prompts(340)
     rounds = [
         {"prompts": ordinary, "batch": True, "max_tokens": 16},
         {"prompts": prompts, "max_tokens": 8},
@@ -299,12 +312,12 @@ def test_chunk_cache_next_to_offloading_connector(models_dir: Path):
     }
     chunked, ordinary = cc.next_to_a_block_store()
     rounds = [
-        {"prompts": [cc.document(610, 120)], "max_tokens": 16},
+        {"prompts": ordinary_prompts(610), "batch": True, "max_tokens": 16},
         {"prompts": chunked + ordinary, "max_tokens": 8},
         {"prompts": chunked + ordinary, "max_tokens": 8, "reset_prefix_cache": True},
     ]
     result = check_against_reference("offloading-connector", models_dir, "tiny-llama", rounds, engine, ENV)
-    assert result["engine"]["scheduler"] == "ChunkCacheScheduler"
+    assert result["engine"]["scheduler"] in ("ChunkCacheScheduler", "ChunkCacheAsyncScheduler")
     cold, after_reset = result["states"][1:]
     assert (cold["hits"], cold["misses"]) == (1, 3), cold
     assert after_reset["misses"] - cold["misses"] == 3, after_reset  # the pool was dropped
