@@ -6,11 +6,12 @@
 #   tools/gpu_session.sh STEP [STEP ...]      the steps in order, each timed and logged
 #
 # The plan (docs/gpu.md has the table with the carried parts and the expected times):
-#   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models, Triton kernel tests
-#   call 2  receive                      part 01
-#   call 3  receive install test bench   part 02; the bundle into .venv-gpu, the GPU engine tests
-#                                        (five engines at once), the 8 x 512 benchmark
-#   call 4  (what is left)               a step again, or `quality`
+#   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models, Triton kernel
+#                                        tests (H200: 47 s, + ~33 s machine start)
+#   call 2  receive                      part 01 (1 s)
+#   call 3  receive install test bench   part 02; the bundle into .venv-gpu (34 s), the GPU engine
+#                                        tests, five engines at once (190 s), the 8 x 512 benchmark (104 s)
+#   call 4  (what is left, ~7 min)       a step again, or `quality`
 #
 # Steps:
 #   receive  copy the parts carried under .gpu-bundle/{parts,quality}/ into the store, check them
@@ -54,9 +55,9 @@ export CHUNK_CACHE_MODELS_DIR=$models PYTHONUNBUFFERED=1
 # The bundle leaves FlashInfer out (tools/gpu_bundle_deps.py): vLLM's sampler must not import it.
 export VLLM_USE_FLASHINFER_SAMPLER=0
 
-# Usual seconds per step on the GPU (the last GPU session's, else an estimate): a step starts
-# only if this much of the budget is left.
-declare -A needs=([receive]=5 [prep]=60 [install]=60 [test]=150 [bench]=150 [quality]=240)
+# Seconds a step takes on the GPU (measured on an H200, 2026-11-27, with some margin; quality: an
+# estimate): a step starts only if this much of the budget is left.
+declare -A needs=([receive]=5 [prep]=60 [install]=45 [test]=200 [bench]=120 [quality]=240)
 
 gpu_tag() {
   local name
