@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, field
 from unittest import mock
 
@@ -239,12 +240,13 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _attention(model, ape: tuple[float, float] | None = None, region: slice | None = None, record=None):
-    """Eager attention (Llama modules), with APE's region scaling and/or one layer's weights recorded.
+    """Eager attention (of the model's own modeling module: Llama, Qwen2), with APE's region
+    scaling and/or one layer's weights recorded.
 
     `ape` = (T, S): for the KV columns `region`, logits `l` become `l / T + (T - 1) * lse(l / T) +
     log S` (lse over the region, per query row), i.e. APE's grouped softmax in one softmax.
     `record` = (layer, list): the attention weights [1, H, q, kv] of that layer are appended."""
-    from transformers.models.llama import modeling_llama
+    modeling = sys.modules[type(model).__module__]
 
     def forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         groups = module.num_key_value_groups
@@ -264,7 +266,7 @@ def _attention(model, ape: tuple[float, float] | None = None, region: slice | No
 
     if model.config._attn_implementation != "eager":
         raise ValueError("the APE / recording attention replaces eager attention only")
-    with mock.patch.object(modeling_llama, "eager_attention_forward", forward):
+    with mock.patch.object(modeling, "eager_attention_forward", forward):
         yield
 
 

@@ -5,6 +5,10 @@ against the HF reference: `tests/engine/test_chunk_engines.py`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import msgspec
 import pytest
 import torch
@@ -233,7 +237,10 @@ def test_a_shadow_run_has_its_own_position_shift(chunk_env):
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (3, 3)])
-def test_region_weights_are_each_query_s_softmax_summed(heads, kv_heads):
+@pytest.mark.parametrize("block", [1, 3, 5, 64, None])
+def test_region_weights_are_each_query_s_softmax_summed(heads, kv_heads, block):
+    """Whatever the block of keys scored at a time (the blocks need not align with the region;
+    64 and the default hold every key: one softmax)."""
     torch.manual_seed(0)
     first, n, dim = 7, 5, 8
     query, keys = torch.randn(n, heads, dim), torch.randn(first + n, kv_heads, dim)
@@ -244,8 +251,38 @@ def test_region_weights_are_each_query_s_softmax_summed(heads, kv_heads):
             k = keys[: first + i + 1, h // (heads // kv_heads)]
             weights = torch.softmax(k @ query[i, h] * 0.3, dim=0)
             want += torch.nn.functional.pad(weights, (0, first + n))[region[0] : region[1]]
-    got = region_weights(query, keys, first, region, 0.3)
+    got = region_weights(query, lambda lo, hi: keys[lo:hi], first, region, 0.3, block)
     torch.testing.assert_close(got, want)
+
+
+def test_region_weights_read_bounded_blocks_of_a_32k_prompt():
+    """A question of 64 tokens after 32K document tokens, 32 query heads over 8 KV heads of 128
+    (an 8B model's layer): keys are read in blocks of `key_block` (8,192 here), and the scoring's
+    memory grows by less than 320 MiB (before: 1 GiB, the keys expanded to every head in float32
+    and the [heads, queries, keys] logits twice)."""
+    code = textwrap.dedent(
+        """
+        import resource, torch
+        from vllm_ascend_chunk.worker.scoring import key_block, region_weights
+        torch.manual_seed(0)
+        first, n, heads, kv_heads, dim = 32768, 64, 32, 8, 128
+        keys = torch.randn(first + n, kv_heads, dim, dtype=torch.bfloat16)
+        query = torch.randn(n, heads, dim, dtype=torch.bfloat16)
+        widest = []
+        def read(lo, hi):
+            widest.append(hi - lo)
+            return keys[lo:hi]
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        total = region_weights(query, read, first, (16, first), 0.1)
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert max(widest) == key_block(heads, n, kv_heads, dim) == 8192, max(widest)
+        assert torch.isfinite(total).all() and 0 < float(total.sum()) <= n * heads + 1e-3
+        print(f"grown {grown:.0f} MiB")
+        assert grown < 320, grown
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_workers_reports_add_up():
