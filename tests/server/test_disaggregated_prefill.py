@@ -145,14 +145,15 @@ def test_a_recovery_mode_is_served_by_the_decode_instance(pair, reference_tools)
     pool, and answers as the HF plan of the requested mode."""
     model, raw_tok = reference_tools
     layout = pair["layout"]
-    prompt = cc.chunked(cc.SYS, [cc.document(820 + i, 45) for i in range(3)], LONG_QUESTION)
+    prompt = cc.chunked(cc.SYS, [cc.document(840 + i, 45) for i in range(3)], LONG_QUESTION)
     assert region_is_loaded_whole(raw_tok, prompt)
     tokens, logprobs = served(pair["proxy"], prompt)
-    cc.assert_matches(tokens, logprobs, cc.reference(model, raw_tok, prompt, MAX_TOKENS, layout)[1], "plain")
+    _, plain = cc.reference(model, raw_tok, prompt, MAX_TOKENS, layout)
+    cc.assert_matches(tokens, logprobs, plain, "plain")
     before = server_utils.wait_metrics(pair["decode"], lambda m: m.external_loads > 0)
     mode = "qattn:0.3/4"
     _, ref, compute = cc.qattn_reference(model, raw_tok, prompt, MAX_TOKENS, mode, layout)
-    assert compute
+    assert compute and ref.tokens != plain.tokens  # the plan's answer tells it from plain reuse
     tokens, logprobs = served(pair["proxy"], prompt, vllm_xargs={"chunk_cache_recovery": mode})
     assert tokens == ref.tokens, f"{mode} through the P/D pair"
     assert abs(logprobs[0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
