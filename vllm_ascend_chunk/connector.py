@@ -18,6 +18,7 @@ only configured for models whose layers form a single full-attention KV cache gr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,12 @@ from vllm_ascend_chunk.metrics import (
     ChunkCachePromMetrics,
     stats_payload,
 )
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, ShadowRun
+from vllm_ascend_chunk.scheduler.coordinator import (
+    ChunkCacheCoordinator,
+    ChunkPrefill,
+    ShadowRun,
+    is_chunk_prefill,
+)
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
@@ -189,19 +195,24 @@ class ChunkCacheMultiConnector(MultiConnector):
     child save it. Here a request the chunk cache owns is answered by the chunk cache alone: a
     chunk prefill must compute its tokens (the pool is filled from what its forward wrote, so a
     prefix-keyed store that held `SYS + C_i` would leave its entries unwritten), and a chunk-path
-    request's documents come from the pool. The other children still see every request
-    (`on_new_request`, `update_state_after_alloc` with no blocks, `request_finished`) and may store
-    its blocks: a chunk prefill's are plain causal KV of `SYS + C_i`, a chunk-path request's live in
-    the chunk namespace (`scheduler/block_keys.py`) that no ordinary request hits. Ordinary
-    requests go through MultiConnector unchanged; the chunk cache answers 0 for them.
+    request's documents come from the pool. The other children never see a private request
+    (`ChunkCacheCoordinator.private`: chunk prefills, and chunk-path requests with a recovery mode
+    or a `cache_salt`): not when it arrives, is allocated, is scheduled (they build their
+    metadata from the step without it) or ends. They see the other chunk-path requests
+    (`update_state_after_alloc` with no blocks) and may store their blocks, which live in the
+    chunk namespace (`scheduler/block_keys.py`) that no ordinary request hits. Ordinary requests
+    go through MultiConnector unchanged; the chunk cache answers 0 for them.
 
-    Prefill/decode disaggregation: on the prefill instance (a `kv_producer` child) nothing changes,
-    the producer sends a chunk-path request's blocks, which hold its whole KV once its chunks are
-    loaded. On the decode instance a chunk-path request is offered to the `kv_consumer` children
-    when it arrives: one that would load its whole chunk region loads it (`load_elsewhere`: no
-    plan, no chunk prefill; the chunk cache still places the tokens the decode instance computes);
-    otherwise, or if that child no longer covers the region when the request is scheduled, the
-    chunk cache serves it as a single instance would.
+    Prefill/decode disaggregation: on the prefill instance (a `kv_producer` child) the producer
+    sends a plain chunk-path request's blocks, which hold its whole KV once its chunks are loaded.
+    On the decode instance such a request is offered to the loading children (`kv_consumer` or
+    `kv_both`) when it arrives: one that would load its whole chunk region loads it
+    (`load_elsewhere`: no plan, no chunk prefill; the chunk cache still places the tokens the
+    decode instance computes); otherwise, or if that child no longer covers the region when the
+    request is scheduled, the chunk cache serves it as a single instance would. A private
+    request is always served by the instance it reaches: a connector keying KV by token ids
+    (`ExampleConnector`) would hand it another mode's or tenant's KV, or a `qattn` request's from
+    before its runs were recomputed.
     """
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
@@ -209,14 +220,20 @@ class ChunkCacheMultiConnector(MultiConnector):
         chunk_connector = self._connectors[0]
         assert isinstance(chunk_connector, ChunkCacheConnector), "the chunk cache is the first child"
         self.chunk_connector: ChunkCacheConnector = chunk_connector
-        self._consumers = [
-            i for i, kv in enumerate(self._ktc_kv_transfer_config) if kv.kv_role == "kv_consumer"
-        ]
-        """Children that load what a P/D prefill instance computed."""
+        self._consumers = [i for i, kv in enumerate(self._ktc_kv_transfer_config) if i and kv.is_kv_consumer]
+        """Children that may load what a P/D prefill instance computed (`kv_consumer`, or `kv_both`
+        as NIXL is often configured on both sides)."""
+        self._private_ended: set[str] = set()
+        """Private requests that ended since the last step was built (`_without_private`)."""
 
     def on_new_request(self, request: Request) -> None:
-        super().on_new_request(request)
-        if not self._consumers or request.request_id not in self.chunk_connector.coordinator.users:
+        self.chunk_connector.on_new_request(request)
+        coordinator = self.chunk_connector.coordinator
+        if coordinator.private(request.request_id):
+            return
+        for other in self._connectors[1:]:
+            other.on_new_request(request)
+        if not self._consumers or request.request_id not in coordinator.users:
             return
         region = request.chunk_cache.question_start
         for i in self._consumers:
@@ -249,13 +266,90 @@ class ChunkCacheMultiConnector(MultiConnector):
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
-        if not self.chunk_connector.owns(request) or self.chunk_connector.coordinator.is_external(request):
+        coordinator = self.chunk_connector.coordinator
+        external = coordinator.is_external(request)
+        if external:
+            coordinator.admitted_elsewhere(num_external_tokens)
+        if external or not self.chunk_connector.owns(request):
             super().update_state_after_alloc(request, blocks, num_external_tokens)
             return
         self.chunk_connector.update_state_after_alloc(request, blocks, num_external_tokens)
+        if coordinator.private(request.request_id):
+            return
         no_blocks = blocks.new_empty()
         for other in self._connectors[1:]:
             other.update_state_after_alloc(request, no_blocks, 0)
+
+    def build_connector_meta(self, scheduler_output) -> MultiKVConnectorMetadata:
+        """The chunk cache's metadata from the whole step; the other children's from the step
+        without the requests they never see (`ChunkCacheCoordinator.private`)."""
+        others_output = self._without_private(scheduler_output)
+        metadata = MultiKVConnectorMetadata(
+            metadata=(
+                self.chunk_connector.build_connector_meta(scheduler_output),
+                *(c.build_connector_meta(others_output) for c in self._connectors[1:]),
+            )
+        )
+        if self._extra_async_saves:
+            metadata.extra_async_saves = self._extra_async_saves
+            self._extra_async_saves = {}
+        return metadata
+
+    def _without_private(self, out):
+        """`out` without the private requests it schedules, preempts or finishes (the same
+        object when it has none)."""
+        private = self.chunk_connector.coordinator.private
+        hidden = {rid for rid in out.num_scheduled_tokens if private(rid)}
+        hidden |= {rid for rid in out.preempted_req_ids or () if private(rid)}
+        hidden |= out.finished_req_ids & self._private_ended
+        self._private_ended.clear()
+        if not hidden:
+            return out
+        cached = out.scheduled_cached_reqs
+        keep = [i for i, rid in enumerate(cached.req_ids) if rid not in hidden]
+        scheduled = {rid: n for rid, n in out.num_scheduled_tokens.items() if rid not in hidden}
+        return dataclasses.replace(
+            out,
+            scheduled_new_reqs=[r for r in out.scheduled_new_reqs if r.req_id not in hidden],
+            scheduled_cached_reqs=dataclasses.replace(
+                cached,
+                req_ids=[cached.req_ids[i] for i in keep],
+                resumed_req_ids=cached.resumed_req_ids - hidden,
+                new_token_ids=[cached.new_token_ids[i] for i in keep] if cached.new_token_ids else [],
+                all_token_ids={r: t for r, t in cached.all_token_ids.items() if r not in hidden},
+                new_block_ids=[cached.new_block_ids[i] for i in keep],
+                num_computed_tokens=[cached.num_computed_tokens[i] for i in keep],
+                num_output_tokens=[cached.num_output_tokens[i] for i in keep],
+            ),
+            num_scheduled_tokens=scheduled,
+            total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_spec_decode_tokens=_without(out.scheduled_spec_decode_tokens, hidden),
+            scheduled_encoder_inputs=_without(out.scheduled_encoder_inputs, hidden),
+            finished_req_ids=out.finished_req_ids - hidden,
+            preempted_req_ids=None if out.preempted_req_ids is None else out.preempted_req_ids - hidden,
+        )
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self.chunk_connector.coordinator.private(request.request_id):
+            self._private_ended.add(request.request_id)
+            return self.chunk_connector.request_finished(request, block_ids)
+        return super().request_finished(request, block_ids)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if self.chunk_connector.coordinator.private(request.request_id):
+            self._private_ended.add(request.request_id)
+            return self.chunk_connector.request_finished_all_groups(request, block_ids)
+        return super().request_finished_all_groups(request, block_ids)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Worker side: the step's finished requests but chunk prefills (known by their ids)."""
+        return super().get_finished({r for r in finished_req_ids if not is_chunk_prefill(r)})
+
+
+def _without(mapping: dict[str, Any], hidden: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in mapping.items() if k not in hidden}
 
 
 def chunk_connector_of(connector: KVConnectorBase_V1 | None) -> ChunkCacheConnector | None:

@@ -247,6 +247,18 @@ def _refuse_conflicts(vllm_config) -> None:
         problems.append("dual-batch overlap (micro-batching)")  # capture indices span the batch
     if vllm_config.model_config.use_mla:
         problems.append("MLA attention")  # latent KV is never captured by the attention hook
+    kv = vllm_config.kv_transfer_config
+    if (
+        kv is not None
+        and kv.kv_load_failure_policy == "recompute"
+        and any(c.get("kv_role", kv.kv_role) in ("kv_consumer", "kv_both") for c in _user_connectors(kv))
+    ):
+        # vLLM would compute a chunked prompt's documents whose load failed as ordinary text:
+        # attending across documents, at one position shift for the whole piece.
+        problems.append(
+            "kv_load_failure_policy 'recompute' with a KV connector that loads ('fail', vLLM's "
+            "default, ends a request whose load failed)"
+        )
     sched_cls = vllm_config.scheduler_config.scheduler_cls
     if sched_cls is not None and sched_cls not in SCHEDULERS.values():
         problems.append(f"the custom scheduler {sched_cls!r}")

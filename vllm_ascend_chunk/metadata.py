@@ -58,6 +58,13 @@ class ChunkCacheInfo(ChunkSpans, array_like=True, frozen=True):
     """`qattn:R` recovery: the fraction R of the document tokens recomputed in place (0: none)."""
     select_runs: int = 0
     """... in at most this many runs (`qattn:R/M`)."""
+    recovered: int = 0
+    """`last:K` recovery: how many documents joined the question (`frontend.recovery.apply`)."""
+
+    @property
+    def recovers(self) -> bool:
+        """Whether a recovery mode computes part of the document region with the question."""
+        return bool(self.select or self.recovered)
 
 
 def servable(info: ChunkCacheInfo | None, sampling_params) -> ChunkCacheInfo | None:

@@ -125,6 +125,7 @@ class _ChunkCacheSchedulerMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._drop_finished_skipped()
         if hidden := self.chunk_connector.take_prefill_ids_to_hide():
             for eco in outputs.values():
                 eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
@@ -132,6 +133,18 @@ class _ChunkCacheSchedulerMixin:
                     eco.finished_requests -= hidden
         self._deliver_stats(outputs)
         return outputs
+
+    def _drop_finished_skipped(self) -> None:
+        """Take requests that finished while waiting out of `skipped_waiting`.
+
+        With batches in flight (pipeline parallelism), a request preempted (KV pressure, a cache
+        reset) while its last token is computed waits; a chunk-path request waits in
+        `skipped_waiting` when its documents must be computed again (the connector answers None).
+        The token then finishes it, and vLLM takes a finished preempted request out of `waiting`
+        only: left in `skipped_waiting`, the next `schedule()` would raise on its status.
+        """
+        if finished := [r for r in self.skipped_waiting if r.is_finished()]:
+            self.skipped_waiting.remove_requests(finished)
 
     def _deliver_stats(self, outputs) -> None:
         """The payload goes with stats a frontend records: those of a step with outputs (vLLM's

@@ -21,14 +21,17 @@ from vllm_ascend_chunk.scheduler.coordinator import CHUNK_PREFILL_ID_PREFIX
 BLOCK = 16
 
 
-def vllm_config(models_dir: Path, num_gpu_blocks: int = 64, policy: str = "fcfs"):
+def vllm_config(
+    models_dir: Path, num_gpu_blocks: int = 64, policy: str = "fcfs", pipeline_parallel_size: int = 1
+):
     """The tiny Llama's engine config, no model loaded: 64-token steps, at most 8 requests."""
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     model = ModelConfig(str(models_dir / "tiny-llama"), dtype="float32", max_model_len=1024, seed=0)
     config = VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=BLOCK),
+        parallel_config=ParallelConfig(pipeline_parallel_size=pipeline_parallel_size),
         scheduler_config=SchedulerConfig(
             max_model_len=1024,
             max_num_batched_tokens=64,
@@ -41,9 +44,9 @@ def vllm_config(models_dir: Path, num_gpu_blocks: int = 64, policy: str = "fcfs"
     return config
 
 
-def make_scheduler(config):
-    """A real `ChunkCacheAsyncScheduler` over one full-attention KV cache group of
-    `num_gpu_blocks` blocks (the chunk pool is sized by the current `get_config()`)."""
+def make_scheduler(config, scheduler_cls=None):
+    """A real `ChunkCacheAsyncScheduler` (or `scheduler_cls`) over one full-attention KV cache
+    group of `num_gpu_blocks` blocks (the chunk pool is sized by the current `get_config()`)."""
     import torch
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -59,7 +62,7 @@ def make_scheduler(config):
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layers.0", "layers.1"], spec)],
     )
-    return ChunkCacheAsyncScheduler(
+    return (scheduler_cls or ChunkCacheAsyncScheduler)(
         vllm_config=config,
         kv_cache_config=kv,
         structured_output_manager=StructuredOutputManager(config),

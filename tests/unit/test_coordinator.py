@@ -53,6 +53,7 @@ class FakeRequest:
     num_output_tokens: int = 0
     num_computed_tokens: int = 0
     status: str = "WAITING"
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -206,6 +207,8 @@ def test_a_request_loaded_elsewhere_is_never_planned_but_keeps_its_layout(chunk_
     assert coord.is_external(req) and coord.plan() == [] and coord.manager.pinned_entries == 0
     assert coord.get_num_new_matched_tokens(req, 0) == (0, False)
     coord.update_state_after_alloc(req, blocks_for(req), 0)
+    assert coord.manager.stats.external_loads == 0  # counted once admitted with its load
+    coord.admitted_elsewhere(req.chunk_cache.question_start + 1)
     req.num_computed_tokens = req.chunk_cache.question_start + 1  # what the other connector loaded
     meta = coord.build_connector_meta(FakeOutput({"r": 2}))
     shift = coord.layout.shift_at(req.chunk_cache, req.chunk_cache.question_start)

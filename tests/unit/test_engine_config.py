@@ -341,6 +341,17 @@ def test_disaggregated_prefill_keeps_the_users_roles(models_dir, kv):
     assert got.kv_role == kv["kv_role"]
 
 
+@pytest.mark.parametrize("role", ["kv_consumer", "kv_both"])
+def test_recomputing_failed_loads_is_refused_next_to_a_loading_connector(models_dir, role):
+    """vLLM's `recompute` policy would compute the documents of a chunked prompt whose load
+    failed as ordinary text (attending across documents, one position shift for the piece)."""
+    kv = {"kv_connector": "NixlConnector", "kv_role": role, "kv_load_failure_policy": "recompute"}
+    with pytest.raises(ValueError, match="kv_load_failure_policy .recompute. with a KV connector that loads"):
+        engine_config_of(models_dir / "tiny-llama", kv_transfer_config=kv)
+    producer = {**kv, "kv_role": "kv_producer"}
+    assert engine_config_of(models_dir / "tiny-llama", kv_transfer_config=producer).kv_transfer_config
+
+
 def test_the_default_layout_is_sequential(models_dir, chunk_env, chunk_warnings):
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
     engine_config_of(models_dir / "tiny-llama3")  # Llama3 rope scaling: a rotation moves it

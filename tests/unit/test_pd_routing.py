@@ -81,3 +81,4 @@ def test_a_consumer_that_no_longer_covers_the_region_hands_the_request_back():
     coord = multi.chunk_connector.coordinator
     assert not coord.is_external(req) and "r" not in multi._requests_to_connector
     assert len(coord.plan()) == 2
+    assert coord.manager.stats.external_loads == 0, "counted as loaded elsewhere, served here"

@@ -291,15 +291,16 @@ def test_workers_reports_add_up():
     assert a.aggregate(b).scores == {"x": [1.5, 2.5], "y": None, "z": [3.0]}
 
 
-def test_a_request_another_connector_loads_recomputes_nothing_here():
-    """P/D decode instance: the KV it loads is what the prefill instance computed, recompute
-    included; if that connector falls through, the chunk cache serves it with its passes."""
+def test_a_qattn_request_is_never_loaded_by_another_connector():
+    """P/D decode instance: what a token-keyed connector holds under a `qattn` request's ids
+    may be another mode's KV, or its own before the runs were recomputed: the request is the
+    chunk cache's alone (other connectors never see it) and keeps its passes."""
     coord = coordinator(num_pages=16)
     request = qattn_request("q")
     coord.on_new_request(request)
-    coord.load_elsewhere(request, 17)
-    assert coord.users["q"].selection is None and coord.token_cap(request, 3, 14) == 3
-    coord.serve_here(request)
+    assert coord.private("q")
+    with pytest.raises(AssertionError, match="served here"):
+        coord.load_elsewhere(request, 17)
     assert coord.users["q"].selection.phase is Phase.SCORING and coord.token_cap(request, 3, 14) == 2
 
 

@@ -39,8 +39,10 @@ def with_keys(
     hasher: Callable[[Any], bytes],
     select: float = 0.0,
     select_runs: int = 0,
+    recovered: int = 0,
 ) -> ChunkCacheInfo:
-    """`spans` with the keys of SYS and of every chunk (and a `qattn` mode's selection)."""
+    """`spans` with the keys of SYS and of every chunk (and a recovery mode: `qattn`'s selection,
+    the number of documents `last:K` joined to the question)."""
     ids = list(token_ids)
     sys_hash = hasher((NAMESPACE, *identity, ids[: spans.sys_len]))
     chunk_hashes = [hasher((sys_hash, ids[slice(*spans.chunk_span(i))])) for i in range(spans.num_chunks)]
@@ -50,6 +52,7 @@ def with_keys(
         chunk_hashes=chunk_hashes,
         select=select,
         select_runs=select_runs,
+        recovered=recovered,
     )
 
 
@@ -125,9 +128,10 @@ def chunk_cache_info(
         or len(token_ids) != spans.num_tokens
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
-    spans = recovery.apply(spans, mode.docs)
+    served = recovery.apply(spans, mode.docs)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
-    info = with_keys(spans, token_ids, identity, hash_fn(), mode.select, mode.runs)
+    recovered = spans.num_chunks - served.num_chunks
+    info = with_keys(served, token_ids, identity, hash_fn(), mode.select, mode.runs, recovered)
     check_fits(info, pool_geometry(vllm_config))
     return info
 

@@ -22,7 +22,8 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 On the decode instance of a P/D pair, R may instead be loaded by another connector (the KV the
 prefill instance computed, `ChunkCacheMultiConnector`): `load_elsewhere`, WAITING → EXTERNAL, it
 is never planned and the chunk cache only places its computed tokens (step 5);
-`serve_here`, EXTERNAL → WAITING, if that connector no longer covers its chunk region.
+`serve_here`, EXTERNAL → WAITING, if that connector no longer covers its chunk region. A request
+with a recovery mode or a `cache_salt` is never EXTERNAL (`private`).
 A `qattn` request (its `Selection`) then computes its own prefill in passes: the scheduler asks
 `token_cap` how far it may compute and `reposition` where it continues, and the workers' scores
 come back with the step's report.
@@ -70,6 +71,11 @@ logger = logging.getLogger("vllm.chunk_cache")
 CHUNK_PREFILL_ID_PREFIX = "chunk-cache-prefill-"
 
 
+def is_chunk_prefill(request_id: str) -> bool:
+    """Whether `request_id` names a chunk prefill (every process can tell by the id alone)."""
+    return request_id.startswith(CHUNK_PREFILL_ID_PREFIX)
+
+
 @dataclass
 class ChunkPrefill:
     """A chunk prefill: a hidden request computing `SYS + C_i` whose K/V fill pending pool entries."""
@@ -115,6 +121,8 @@ class UserRequest:
     """Its `qattn` passes (None: it recomputes nothing in place)."""
     block_ids: list[int] = field(default_factory=list)
     """Its paged-cache blocks, tracked while it has a selection (the scores read its keys)."""
+    private: bool = False
+    """Other KV connectors never see it (`ChunkCacheCoordinator.private`)."""
 
     def needs(self) -> list[tuple[bytes, int]]:
         sys = [(self.info.sys_hash, self.info.sys_len)] if self.info.sys_len else []
@@ -299,7 +307,8 @@ class ChunkCacheCoordinator:
         info = getattr(request, "chunk_cache", None)
         if info is None:
             return
-        user = self.users[request.request_id] = UserRequest(request=request, info=info)
+        private = info.recovers or bool(request.cache_salt)
+        user = self.users[request.request_id] = UserRequest(request=request, info=info, private=private)
         user.selection = self._selection(info)
         if user.selection is not None:
             # Its blocks are rewritten while it runs: no one, itself after a preemption included,
@@ -315,6 +324,14 @@ class ChunkCacheCoordinator:
     def owns(self, request: Request) -> bool:
         """A chunk-path request (registered) or a chunk prefill."""
         return request.request_id in self.users or request.request_id in self.prefills
+
+    def private(self, request_id: str) -> bool:
+        """Whether other KV connectors must never see a live request: a chunk prefill (no client
+        sent it; its id names no peer), or a chunk-path request whose KV a connector keying by
+        token ids would take for another's: one with a recovery mode (its KV depends on the mode;
+        `qattn` rewrites it after its first step) or a `cache_salt` (tenants never share KV)."""
+        user = self.users.get(request_id)
+        return request_id in self.prefills or (user is not None and user.private)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -448,7 +465,7 @@ class ChunkCacheCoordinator:
     def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on."""
         user = self.users.get(request.request_id)
-        if user is None or user.selection is None or user.status is UserStatus.EXTERNAL:
+        if user is None or user.selection is None:
             return num_new_tokens
         return user.selection.cap(num_computed_tokens, num_new_tokens)
 
@@ -458,7 +475,7 @@ class ChunkCacheCoordinator:
         shadows = []
         for rid, num in list(num_scheduled_tokens.items()):
             user = self.users.get(rid)
-            if user is None or user.selection is None or user.status is UserStatus.EXTERNAL:
+            if user is None or user.selection is None:
                 continue
             for start, end in user.selection.take(user.request.num_computed_tokens + num, budget, rows):
                 shadow = ShadowRun(f"{rid}#run{start}", user.request, start, end)
@@ -515,11 +532,16 @@ class ChunkCacheCoordinator:
         KV a P/D prefill instance computed): → EXTERNAL, pins released, never planned."""
         user = self.users[request.request_id]
         assert num_tokens >= user.info.question_start, "the chunk region must come whole"
+        assert not user.private, "a recovering or salted request is served here"
         self._unplan(user)
         user.status = UserStatus.EXTERNAL
-        user.selection = None  # what it loads is the prefill instance's, recompute included
-        self.manager.stats.external_loads += 1
-        self.manager.stats.external_load_tokens += num_tokens
+
+    def admitted_elsewhere(self, num_tokens: int) -> None:
+        """An EXTERNAL request was admitted with `num_tokens` tokens to load from another
+        connector: counted then, not when offered (it may yet be served here)."""
+        if num_tokens:
+            self.manager.stats.external_loads += 1
+            self.manager.stats.external_load_tokens += num_tokens
 
     def is_external(self, request: Request) -> bool:
         user = self.users.get(request.request_id)
@@ -529,7 +551,7 @@ class ChunkCacheCoordinator:
         """EXTERNAL → WAITING: the other connector no longer covers R's chunk region."""
         user = self.users[request.request_id]
         if user.status is UserStatus.EXTERNAL:
-            user.status, user.selection = UserStatus.WAITING, self._selection(user.info)
+            user.status = UserStatus.WAITING
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""
