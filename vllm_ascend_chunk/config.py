@@ -8,7 +8,8 @@ Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_poo
 quarter of it, at least 256 MiB and at most 8 GiB, never more than half of it.
 
 The tiers (`docs/design.md`, Tiers): entries evicted from the device pool go to host memory
-(`HOST_GB`), and every computed entry is shared through a Mooncake Store (`REMOTE_*`).
+(`HOST_GB`), and every computed entry is shared through a Mooncake Store (`REMOTE_*`), its objects
+signed with a shared secret (`REMOTE_SECRET` or `REMOTE_SECRET_FILE`) where one is set.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ PROTOCOLS = ("tcp", "rdma")
 """Mooncake transports the remote tier is built for."""
 METADATA_SCHEMES = ("http", "https", "etcd", "redis")
 MIN_TIMEOUT_S = 0.01
+MIN_SECRET_BYTES = 16
+"""The shortest remote-store secret accepted (`openssl rand -hex 32` makes one of 64)."""
 _MIB = 1 << 20
 _GIB = 1 << 30
 
@@ -105,6 +108,8 @@ class Kind:
     """The accepted values, in the words of the error and of the docs table (empty: any text)."""
     strip: bool = True
     """Whether the text is stripped before `parse` (an error then quotes it stripped)."""
+    secret: bool = False
+    """Whether the text is a secret: an error says its length, never the text."""
 
 
 def _named(value: Any) -> Any:
@@ -133,7 +138,27 @@ def _choice(choices: tuple[str, ...]) -> Kind:
 
 def _unless_blank(kind: Kind) -> Kind:
     """`kind`, or None for blank text (the variable unset)."""
-    return Kind(lambda text: kind.parse(text) if text else None, kind.accepted)
+    return Kind(lambda text: kind.parse(text) if text else None, kind.accepted, secret=kind.secret)
+
+
+def _at_least_one(text: str) -> int:
+    """A whole number >= 1."""
+    return _named(int(text) if text.isdecimal() and int(text) >= 1 else None)
+
+
+def _secret(raw: bytes) -> bytes:
+    """A secret of at least `MIN_SECRET_BYTES` bytes, surrounding whitespace stripped."""
+    secret = raw.strip()
+    return _named(secret if len(secret) >= MIN_SECRET_BYTES else None)
+
+
+def _secret_file(path: str) -> bytes:
+    """The secret held by the file at `path` (`_secret`)."""
+    try:
+        with open(path, "rb") as f:
+            return _secret(f.read())
+    except OSError as e:
+        raise ValueError(path) from e
 
 
 def _non_blank(text: str) -> str:
@@ -159,7 +184,8 @@ class Variable:
 
     name: str
     field: str
-    """The field of `ChunkCacheConfig` (of `RemoteConfig`, for `REMOTE_SETTINGS`) it sets."""
+    """The field of `ChunkCacheConfig` (of `RemoteConfig`, for `REMOTE_SETTINGS`) it sets;
+    `secret_file` sets `secret`, from the file it names."""
     kind: Kind
     default: str
     """The text an unset variable reads as (`{host}`: the host of the remote master)."""
@@ -175,8 +201,9 @@ class Variable:
         try:
             return self.kind.parse(text)
         except ValueError:
+            shown = f"<secret of {len(text.encode())} bytes>" if self.kind.secret else repr(text)
             raise ChunkCacheConfigError(
-                f"{self.name}={text!r} is invalid; accepted values: {self.kind.accepted}"
+                f"{self.name}={shown} is invalid; accepted values: {self.kind.accepted}"
             ) from None
 
     def docs_row(self) -> str:
@@ -249,6 +276,21 @@ SETTINGS = (
         "host memory for entries evicted from the device pool, read back instead of recomputed",
         shown_default="`0` (off)",
     ),
+    Variable(
+        "VLLM_CHUNK_CACHE_MAX_DOCS",
+        "max_docs",
+        Kind(_at_least_one, "a whole number >= 1"),
+        "4096",
+        "the most documents one request may bring (more: HTTP 400) ([limits](docs/limits.md))",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS",
+        "max_request_tokens",
+        Kind(_at_least_one, "a whole number >= 1"),
+        "32768",
+        "the most tokens of device pool one request may hold: its SYS and distinct documents, each "
+        "rounded up to 16-token pages (more: HTTP 400), so that one request cannot flush the pool",
+    ),
 )
 """The variables of `ChunkCacheConfig`, in the order they are read."""
 REMOTE_SETTINGS = (
@@ -316,6 +358,26 @@ REMOTE_SETTINGS = (
         "the address the store's processes reach this instance at",
         shown_default="this host's IP (vLLM's `get_ip()`)",
     ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_SECRET",
+        "secret",
+        _unless_blank(
+            Kind(
+                lambda text: _secret(text.encode()), f"text of at least {MIN_SECRET_BYTES} bytes", secret=True
+            )
+        ),
+        "",
+        "the secret shared by the instances of a store: every object is signed (HMAC-SHA256) and "
+        "one that does not verify is never loaded ([tiers](docs/tiers.md#who-can-change-what-you-serve))",
+        shown_default="empty (objects unsigned: the store is trusted)",
+    ),
+    Variable(
+        "VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE",
+        "secret_file",
+        _unless_blank(Kind(_secret_file, f"a readable file holding at least {MIN_SECRET_BYTES} bytes")),
+        "",
+        "the secret, read from this file (set this or `VLLM_CHUNK_CACHE_REMOTE_SECRET`, not both)",
+    ),
 )
 """The variables of `RemoteConfig`, read only when the first, the master, is set."""
 VARIABLES = (*SETTINGS, *REMOTE_SETTINGS)
@@ -364,6 +426,9 @@ class RemoteConfig:
     """Bound on the KV bytes waiting to be written; puts beyond it are dropped."""
     read_queue: int = 4096
     """Bound on the gets waiting for a reader; gets beyond it resolve to `None` at once."""
+    secret: bytes | None = dataclasses.field(default=None, repr=False)
+    """The key objects are signed with (`worker.kv_object.SigningKey`); None: unsigned, the store
+    is trusted. From `VLLM_CHUNK_CACHE_REMOTE_SECRET` or the file `..._SECRET_FILE` names."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RemoteConfig | None:
@@ -372,11 +437,21 @@ class RemoteConfig:
         if (master := master_variable.read(env)) is None:
             return None
         host = master.rpartition(":")[0]
-        return cls(master, **{v.field: v.read(env, host) for v in others})
+        values = {v.field: v.read(env, host) for v in others}
+        from_file = values.pop("secret_file")
+        if from_file is not None:
+            if values["secret"] is not None:
+                raise ChunkCacheConfigError(
+                    "VLLM_CHUNK_CACHE_REMOTE_SECRET and VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE are both "
+                    "set; set one of them"
+                )
+            values["secret"] = from_file
+        return cls(master, **values)
 
     def describe(self) -> str:
         """The store, for the start-up log."""
-        return f"mooncake://{self.master} ({self.protocol})"
+        signed = "signed objects" if self.secret is not None else "unsigned objects"
+        return f"mooncake://{self.master} ({self.protocol}, {signed})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,6 +472,10 @@ class ChunkCacheConfig:
     """What of the document region a request computes with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
     host_gb: float = _default("host_gb")
     """Host memory for entries evicted from the device pool (0: no host tier)."""
+    max_docs: int = _default("max_docs")
+    """The most documents one request may bring (`frontend.keys.check_limits`)."""
+    max_request_tokens: int = _default("max_request_tokens")
+    """The most pool rows (page-rounded tokens of SYS and distinct documents) one request may hold."""
     remote_config: RemoteConfig | None = None
     """The shared Mooncake Store tier (None: off)."""
 
@@ -422,6 +501,7 @@ class ChunkCacheConfig:
             f"Chunk Cache enabled: delimiter={self.delimiter!r} layout={self.layout} "
             f"pool={pool} lru_threshold={self.lru_threshold:g} "
             f"hash={self.hash_algorithm} recovery={self.recovery.name} "
+            f"max_docs={self.max_docs} max_request_tokens={self.max_request_tokens} "
             f"host={self.host_gb:g} GiB remote={store}"
         )
 

@@ -175,6 +175,7 @@ class ChunkCacheMetrics:
     remote_bytes_written: int
     remote_errors: int
     remote_corrupt: int
+    remote_rejected: int
     remote_write_drops: int
     usage_ratio: float
     entries: int

@@ -14,6 +14,7 @@ from vllm_ascend_chunk.worker.kv_object import (
     MAGIC,
     KVHeader,
     KVObjectError,
+    SigningKey,
     decode,
     encode,
     object_size,
@@ -40,9 +41,9 @@ def kv_for(h: KVHeader) -> torch.Tensor:
     return torch.randn(h.shape, generator=torch.Generator().manual_seed(0)).to(h.torch_dtype)
 
 
-def reason(blob: bytes | bytearray, expected: KVHeader) -> str:
+def reason(blob: bytes | bytearray, expected: KVHeader, key: SigningKey | None = None) -> str:
     with pytest.raises(KVObjectError) as caught:
-        decode(bytes(blob), expected)
+        decode(bytes(blob), expected, key)
     return caught.value.reason
 
 
@@ -96,6 +97,75 @@ def test_refusals() -> None:
 
 
 def with_header(meta: bytes, blob: bytes, h: KVHeader) -> bytes:
-    """`blob` with its header replaced by `meta` (checksum and payload kept)."""
-    tail = blob[len(blob) - h.payload_bytes - 8 :]
+    """`blob` with its header replaced by `meta` (checksum, signature and payload kept)."""
+    tail = blob[len(blob) - h.payload_bytes - 8 - 32 :]
     return MAGIC + struct.pack("<I", len(meta)) + meta + tail
+
+
+KEY = SigningKey(b"the secret every instance shares")
+
+
+def signed(dtype: torch.dtype = torch.float32, signing_key: SigningKey = KEY, **changes) -> KVHeader:
+    return header(dtype, key_id=signing_key.id, **changes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_signed_roundtrip(dtype: torch.dtype) -> None:
+    h = signed(dtype)
+    kv = kv_for(h)
+    blob = encode(h, kv, KEY)
+    assert object_size(h) == len(blob)
+    assert torch.equal(decode(blob, h, KEY), kv)
+    # The key id names the key without revealing it; neither does the key's repr.
+    assert KEY.id == SigningKey(b"the secret every instance shares").id != SigningKey(b"x" * 32).id
+    assert b"secret" not in KEY.id.encode() and "secret" not in repr(KEY)
+
+
+def test_a_key_and_a_header_that_disagree_are_a_bug() -> None:
+    with pytest.raises(ValueError, match="key id"):
+        encode(header(), kv_for(header()), KEY)
+    with pytest.raises(ValueError, match="key id"):
+        decode(encode(header(), kv_for(header())), signed(), None)
+
+
+def forge(h: KVHeader, kv: torch.Tensor, signature: bytes = bytes(32)) -> bytes:
+    """What a writer without the secret can make: a well-formed object of header `h` (checksum
+    right) with a signature of its choice."""
+    blob = bytearray(encode(dataclasses.replace(h, key_id=""), kv))
+    meta = json.dumps(dataclasses.asdict(h), sort_keys=True, separators=(",", ":")).encode()
+    blob = bytearray(with_header(meta, bytes(blob), h))
+    start = len(blob) - h.payload_bytes - 32
+    blob[start : start + 32] = signature
+    return bytes(blob)
+
+
+def test_a_reader_with_a_key_refuses_what_it_did_not_sign() -> None:
+    h = signed()
+    genuine = encode(h, kv_for(h), KEY)
+    other_kv = -kv_for(h)
+    assert reason(encode(header(), other_kv), h, KEY) == "unsigned"
+    other_key = SigningKey(b"another deployment's secret!")
+    assert reason(encode(signed(signing_key=other_key), other_kv, other_key), h, KEY) == "key"
+    # Forged: the right header and key id, a checksum that matches, any signature but the right one.
+    assert reason(forge(h, other_kv), h, KEY) == "signature"
+    assert (
+        reason(forge(h, other_kv, genuine[len(genuine) - h.payload_bytes - 32 :][:32]), h, KEY) == "signature"
+    )
+    # Altered: a bit of the payload (its checksum fixed too), or the header made another entry's.
+    flipped = bytearray(genuine)
+    flipped[-3] ^= 0x40
+    assert reason(flipped, h, KEY) == "signature"
+    other = dataclasses.replace(h, key="cd" * 16)
+    meta = json.dumps(dataclasses.asdict(other), sort_keys=True, separators=(",", ":")).encode()
+    assert reason(with_header(meta, genuine, h), other, KEY) == "signature"
+    assert all(KVObjectError(r).rejected for r in ("unsigned", "key", "signature"))
+    assert not KVObjectError("foreign").rejected
+
+
+def test_a_genuine_object_of_another_entry_is_foreign_and_a_reader_without_a_key_keeps_out() -> None:
+    h = signed()
+    genuine = encode(h, kv_for(h), KEY)
+    for change in ({"model": "other"}, {"pp_rank": 1}, {"key": "cd" * 16}):
+        assert reason(genuine, signed(**change), KEY) == "foreign", change
+    # Readers without a secret do not load signed objects (nor do instances share across keys).
+    assert reason(genuine, header()) == "foreign"

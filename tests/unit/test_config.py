@@ -14,6 +14,8 @@ def test_defaults_match_the_design():
         delimiter="# #",
         layout="sequential",
         recovery=Recovery(),
+        max_docs=4096,
+        max_request_tokens=32768,
     )
 
 
@@ -27,9 +29,12 @@ def test_valid_values_are_parsed():
             "VLLM_CHUNK_DELIMITER": " <doc> ",
             "VLLM_CHUNK_CACHE_LAYOUT": "Overlap",
             "VLLM_CHUNK_CACHE_RECOVERY": " Last",
+            "VLLM_CHUNK_CACHE_MAX_DOCS": "8",
+            "VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS": " 1024 ",
         }
     )
     assert (cfg.enabled, cfg.size_gb, cfg.lru_threshold) == (False, 0.5, 1.0)
+    assert (cfg.max_docs, cfg.max_request_tokens) == (8, 1024)
     assert (cfg.hash_algorithm, cfg.delimiter, cfg.layout) == ("xxhash", "<doc>", "overlap")
     assert cfg.recovery == Recovery(docs=1)
     assert "disabled" in cfg.describe()
@@ -64,6 +69,10 @@ def test_valid_values_are_parsed():
         ("VLLM_CHUNK_CACHE_REMOTE_METADATA", "ftp://10.0.0.1/metadata", "http://host:port/"),
         ("VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB", "-2", ">= 0"),
         ("VLLM_CHUNK_CACHE_REMOTE_PART_MB", "64", "[0.001, 16]"),
+        ("VLLM_CHUNK_CACHE_MAX_DOCS", "0", "whole number >= 1"),
+        ("VLLM_CHUNK_CACHE_MAX_DOCS", "2.5", "whole number >= 1"),
+        ("VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS", "-16", "whole number >= 1"),
+        ("VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE", "/nonexistent/secret", "a readable file"),
     ],
 )
 def test_invalid_values_name_the_variable_and_accepted_values(name, value, accepted):
@@ -91,6 +100,47 @@ def test_remote_settings_that_are_valid_are_kept():
     )
     default = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_REMOTE_MASTER": "store:50051"}).remote_config
     assert default.metadata_server == "http://store:8080/metadata"
+
+
+SECRET = "k7Qv2-shared-by-every-instance"
+
+
+def remote(**env: str) -> dict[str, str]:
+    return {"VLLM_CHUNK_CACHE_REMOTE_MASTER": "10.0.0.1:50051", **env}
+
+
+def test_the_remote_secret_from_the_environment_or_a_file(tmp_path):
+    assert ChunkCacheConfig.from_env(remote()).remote_config.secret is None
+    from_env = ChunkCacheConfig.from_env(remote(VLLM_CHUNK_CACHE_REMOTE_SECRET=f" {SECRET}\n"))
+    assert from_env.remote_config.secret == SECRET.encode()
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET.encode() + b"\n")  # as `echo` writes it
+    from_file = ChunkCacheConfig.from_env(remote(VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE=str(path)))
+    assert from_file.remote_config == from_env.remote_config
+    # Never in a log line: neither the config's repr nor its description shows it.
+    assert SECRET not in repr(from_env) and SECRET not in from_env.describe()
+    assert "signed objects" in from_env.describe()
+    assert "unsigned objects" in ChunkCacheConfig.from_env(remote()).describe()
+
+
+def test_a_short_secret_is_refused_without_being_shown(tmp_path):
+    with pytest.raises(ChunkCacheConfigError) as err:
+        ChunkCacheConfig.from_env(remote(VLLM_CHUNK_CACHE_REMOTE_SECRET="hunter2"))
+    assert "VLLM_CHUNK_CACHE_REMOTE_SECRET=<secret of 7 bytes>" in str(err.value)
+    assert "at least 16 bytes" in str(err.value) and "hunter2" not in str(err.value)
+    path = tmp_path / "secret"
+    path.write_text("hunter2\n")
+    with pytest.raises(ChunkCacheConfigError, match="a readable file holding at least 16 bytes") as err:
+        ChunkCacheConfig.from_env(remote(VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE=str(path)))
+    assert "hunter2" not in str(err.value)
+
+
+def test_both_secret_variables_are_refused(tmp_path):
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    env = remote(VLLM_CHUNK_CACHE_REMOTE_SECRET=SECRET, VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE=str(path))
+    with pytest.raises(ChunkCacheConfigError, match="are both set; set one of them"):
+        ChunkCacheConfig.from_env(env)
 
 
 def test_the_readme_shows_the_configuration_table():

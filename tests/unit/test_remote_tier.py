@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import time
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.step import RemoteRead, RemoteWrite
-from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader, encode
+from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader, SigningKey, encode
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.remote_store import RemoteStoreStats
 from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity, object_name
@@ -57,6 +58,7 @@ class StandInStore:
         self.gets: list[tuple[str, KVHeader, concurrent.futures.Future]] = []
         self.puts: list[tuple[str, KVHeader, torch.Tensor]] = []
         self.closed = False
+        self.signing_key = None
 
     def get(self, name: str, header: KVHeader) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -116,6 +118,9 @@ def test_what_else_must_match_is_in_the_header_not_the_name() -> None:
     h = tier.header(b"k", 5)
     assert (h.key, h.num_tokens, h.tp_rank, h.tp_size) == ("6b", 5, 0, 1)
     assert (h.num_layers, h.num_kv_heads, h.head_size, h.dtype) == (2, 2, 8, "torch.float32")
+    assert (h.pp_rank, h.pp_size, h.key_id) == (0, 1, "")  # unsigned: the stand-in has no secret
+    stage = RemoteTier(StandInStore(), GEOMETRY, dataclasses.replace(IDENTITY, pp_rank=1, pp_size=2))  # type: ignore[arg-type]
+    assert (stage.header(b"k", 5).pp_rank, stage.header(b"k", 5).pp_size) == (1, 2)
 
 
 def test_writes_send_a_copy_of_the_entrys_rows_under_its_shard_name() -> None:
@@ -207,3 +212,14 @@ def test_close_closes_the_store() -> None:
     tier, store = stand_in_tier()
     tier.close()
     assert store.closed
+
+
+def test_an_unsigned_tier_starts_with_one_warning_that_the_store_is_trusted(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="vllm.chunk_cache"):
+        stand_in_tier()
+        stand_in_tier(identity=dataclasses.replace(IDENTITY, tp_rank=1, tp_size=2))  # only rank 0 warns
+        signed = StandInStore()
+        signed.signing_key = SigningKey(b"shared by every instance")
+        RemoteTier(signed, GEOMETRY, IDENTITY)  # type: ignore[arg-type]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "not signed, so the store is trusted" in warning and "VLLM_CHUNK_CACHE_REMOTE_SECRET" in warning

@@ -128,21 +128,39 @@ def chunk_cache_info(
         or len(token_ids) != spans.num_tokens
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
+    check_num_docs(spans.num_chunks, get_config().max_docs)
     served = recovery.apply(spans, mode.docs)
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     recovered = spans.num_chunks - served.num_chunks
     info = with_keys(served, token_ids, identity, hash_fn(), mode.select, mode.runs, recovered)
-    check_fits(info, pool_geometry(vllm_config))
+    check_fits(info, pool_geometry(vllm_config), get_config().max_request_tokens)
     return info
 
 
-def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry) -> None:
-    """Refuse a chunk set that could never be resident in the pool all at once."""
-    unique = {info.sys_hash: info.sys_len, **dict(zip(info.chunk_hashes, info.chunk_lens, strict=True))}
-    pages = sum(geometry.pages_for(n) for n in unique.values())
-    if pages > geometry.num_pages:
+def check_num_docs(num_docs: int, max_docs: int) -> None:
+    """Refuse a request that brings more documents than the operator allows (`VLLM_CHUNK_CACHE_MAX_DOCS`)."""
+    if num_docs > max_docs:
         raise ChunkPromptError(
-            f"The system prompt and documents of this request need {pages * geometry.page_size} "
-            f"tokens of chunk pool, but {get_config().pool_setting()} holds {geometry.num_rows}. "
+            f"This request brings {num_docs} documents; VLLM_CHUNK_CACHE_MAX_DOCS={max_docs} allows at "
+            "most that many in one request. Send fewer documents, or raise VLLM_CHUNK_CACHE_MAX_DOCS."
+        )
+
+
+def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry, max_request_tokens: int) -> None:
+    """Refuse a chunk set that could never be resident in the pool all at once, or that would hold
+    more of it than one request may (`VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS`)."""
+    unique = {info.sys_hash: info.sys_len, **dict(zip(info.chunk_hashes, info.chunk_lens, strict=True))}
+    rows = sum(geometry.pages_for(n) for n in unique.values()) * geometry.page_size
+    need = f"The system prompt and distinct documents of this request need {rows} tokens of chunk pool"
+    if rows > geometry.num_rows:
+        raise ChunkPromptError(
+            f"{need}, but {get_config().pool_setting()} holds {geometry.num_rows}. "
             "Send fewer or shorter documents, or raise VLLM_CHUNK_CACHE_SIZE_GB."
+        )
+    if rows > max_request_tokens:
+        raise ChunkPromptError(
+            f"{need} (each rounded up to {geometry.page_size}-token pages); "
+            f"VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS={max_request_tokens} allows one request at most "
+            "that many, so that no request flushes the pool for the others. Send fewer or shorter "
+            "documents, or raise VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS."
         )

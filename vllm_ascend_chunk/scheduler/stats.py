@@ -11,6 +11,7 @@ REMOTE_COUNTERS = {
     "remote_bytes_written": "bytes_written",
     "remote_errors": "errors",
     "remote_corrupt": "corrupt",
+    "remote_rejected": "rejected",
     "remote_write_drops": "put_drops",
 }
 """`ChunkCacheStats` field → the `RemoteStore.stats` counter of every worker it sums."""
@@ -61,6 +62,10 @@ class ChunkCacheStats:
     remote_bytes_written: int = _counter("Bytes of objects written to the remote store (every worker).")
     remote_errors: int = _counter("Remote store operations that failed (every worker; timeouts are misses).")
     remote_corrupt: int = _counter("Remote objects refused: corrupt, truncated or foreign (every worker).")
+    remote_rejected: int = _counter(
+        "Remote objects refused because the secret does not verify them: unsigned, another key's, "
+        "forged or altered (every worker)."
+    )
     remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
 
     def sum_remote_counters(self, workers: Collection[Mapping[str, int]]) -> None:

@@ -35,6 +35,9 @@ Faults:
   after ~4 s whatever the settings.
 - Garbage, truncated or foreign objects: `None`, counted as `corrupt`, a rate-limited warning; the
   object is removed unless it is foreign (another model's or format's under this name).
+- With a secret (`RemoteConfig.secret`) every object is signed, and one this client cannot verify
+  (unsigned, another key's, forged or altered: `kv_object.REJECTED`) is `None`, counted as
+  `rejected`, removed, and logged once per cause: it is never loaded.
 """
 
 from __future__ import annotations
@@ -54,7 +57,14 @@ from typing import Any
 import torch
 
 from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.kv_object import KVHeader, KVObjectError, decode, encode, object_size
+from vllm_ascend_chunk.worker.kv_object import (
+    KVHeader,
+    KVObjectError,
+    SigningKey,
+    decode,
+    encode,
+    object_size,
+)
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -83,6 +93,9 @@ class RemoteStoreStats:
     `read_queue` gets were waiting."""
     corrupt: int = 0
     """Gets of objects that failed to decode (garbage, truncated, foreign)."""
+    rejected: int = 0
+    """Gets of objects whose signature did not verify (unsigned, another key's, forged or altered),
+    with a secret set."""
     errors: int = 0
     """Gets and puts that failed because of the store: error codes, exceptions, store down."""
     bytes_read: int = 0
@@ -150,6 +163,10 @@ class RemoteStore:
         self._suspect: str | None = None
         """Why the store should be probed now (an operation failed), if it should."""
         self._corrupt_logged_at = -math.inf
+        self._rejected_logged: set[str] = set()
+        """The causes of rejected objects logged so far (`kv_object.REJECTED`)."""
+        self.signing_key = SigningKey(config.secret) if config.secret is not None else None
+        """Signs every object written and verifies every object read (None: unsigned)."""
         self._closed = threading.Event()
         self._wake = threading.Event()
         """Wakes the connector: an operation failed, or `close`."""
@@ -305,12 +322,15 @@ class RemoteStore:
             self._settle(pending, None, "errors")
             return
         try:
-            kv = decode(blob, header)
+            kv = decode(blob, header, self.signing_key)
         except KVObjectError as e:
-            self._log_corrupt(name, e)
+            if e.rejected:
+                self._log_rejected(name, e)
+            else:
+                self._log_corrupt(name, e)
             if e.reason not in ("foreign", "version"):
                 self._remove(client, name)
-            self._settle(pending, None, "corrupt")
+            self._settle(pending, None, "rejected" if e.rejected else "corrupt")
             return
         self._settle(pending, kv, "hits", nbytes=len(blob))
 
@@ -357,7 +377,7 @@ class RemoteStore:
             self._count("put_drops")
             return
         try:
-            blob = encode(header, kv)
+            blob = encode(header, kv, self.signing_key)
         except ValueError:
             logger.exception("Chunk Cache remote store: not writing %r", name)
             self._count("put_drops")
@@ -419,6 +439,20 @@ class RemoteStore:
             error,
             total,
             _CORRUPT_LOG_INTERVAL_S,
+        )
+
+    def _log_rejected(self, name: str, error: KVObjectError) -> None:
+        with self._lock:
+            if error.reason in self._rejected_logged:
+                return
+            self._rejected_logged.add(error.reason)
+        logger.warning(
+            "Chunk Cache remote store: refusing object %r, which this instance's secret does not "
+            "verify (%s): a miss, and the object is removed. Someone who can write to the store "
+            "without the secret, or an instance with another secret, wrote it. Further objects "
+            "refused for this cause are only counted (vllm:chunk_cache_remote_rejected_total)",
+            name,
+            error,
         )
 
     # Connection.

@@ -4,15 +4,17 @@ Each worker stores its own shard of an entry (its tensor-parallel heads of its p
 layers) as one object named after the entry's key and the shard (`object_name`); the key already
 covers model, dtypes, LoRA, `cache_salt` and the parallel sizes, and the header
 (`kv_object.KVHeader`) is checked on every read, so an object of another model, format or shard
-is a miss, never wrong KV. Writes are queued and never delay the step. Reads
-start with the step that asks for them, run while its forward does, and are finished at its end:
-an entry is written into its pool rows only if its object arrived whole within the timeout.
+is a miss, never wrong KV; with a secret, so is an object its key did not sign. Writes are
+queued and never delay the step. Reads start with the step that asks for them, run while its
+forward does, and are finished at its end: an entry is written into its pool rows only if its
+object arrived whole within the timeout.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 
@@ -21,6 +23,8 @@ from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead, RemoteW
 from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.remote_store import RemoteStore
+
+logger = logging.getLogger("vllm.chunk_cache")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,14 @@ class RemoteTier:
         self._reads: list[tuple[RemoteRead, concurrent.futures.Future]] = []
         self._reported_up: bool | None = None
         self._reported_counters: dict[str, int] | None = None
+        if store.signing_key is None and identity.rank == 0:
+            logger.warning(
+                "Chunk Cache remote store %s: objects are not signed, so the store is trusted: any "
+                "process that can write to it can make this instance serve K/V of its choice. Set "
+                "VLLM_CHUNK_CACHE_REMOTE_SECRET (or _SECRET_FILE) on every instance to sign and "
+                "verify them (docs/tiers.md)",
+                store.config.master,
+            )
 
     def header(self, key: bytes, num_tokens: int) -> KVHeader:
         g, ident = self.geometry, self.identity
@@ -69,6 +81,9 @@ class RemoteTier:
             head_size=g.head_size,
             tp_rank=ident.tp_rank,
             tp_size=ident.tp_size,
+            pp_rank=ident.pp_rank,
+            pp_size=ident.pp_size,
+            key_id=self.store.signing_key.id if self.store.signing_key is not None else "",
         )
 
     def start_reads(self, reads: list[RemoteRead]) -> None:
