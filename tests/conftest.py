@@ -171,11 +171,20 @@ def scheduled_requests(tiny_llama_llm):
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_server(models_dir: Path, tmp_path_factory):
-    """A real patched `vllm serve` process on the tiny Llama model; yields its base URL."""
+def tiny_llama_server_log(tmp_path_factory) -> Path:
+    """Where `tiny_llama_server` logs."""
+    return tmp_path_factory.mktemp("server") / "vllm-serve.log"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_server(models_dir: Path, tiny_llama_server_log: Path):
+    """A real patched `vllm serve` process on the tiny Llama model; yields its base URL. Started
+    with the defaults (`VLLM_ENABLE_CHUNK_CACHE=1 VLLM_CPU_KVCACHE_SPACE=1`, no pool setting): the
+    pool is sized from its KV memory, 0.25 of 1 GiB, as large as the offline engines' pools."""
     from tests.helpers.server_utils import vllm_server
 
-    with vllm_server(models_dir / "tiny-llama", tmp_path_factory.mktemp("server") / "vllm-serve.log") as url:
+    env = {"VLLM_ENABLE_CHUNK_CACHE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CHUNK_CACHE_SIZE_GB": None}
+    with vllm_server(models_dir / "tiny-llama", tiny_llama_server_log, env=env) as url:
         yield url
 
 
