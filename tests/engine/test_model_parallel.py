@@ -37,7 +37,6 @@ pytestmark = needs_two_cores
 # requests outgrow them (3 blocks each by the end of their 240 tokens).
 ENGINE = {"max_model_len": 700, "num_gpu_blocks_override": 10}
 PARALLEL = {"TP=2": TP2, "PP=2": PP2}
-ROUNDS = 5
 
 
 def parallel_rounds() -> tuple[list[dict], list[list[str]]]:
@@ -103,7 +102,7 @@ def test_cold_warm_reordered_and_joins(models_dir: Path, engine_run, parallel: s
     rounds, checked = parallel_rounds()
     result = engine_run(parallel, layout)
     check_parallel_rounds(models_dir, rounds, checked, result, layout, f"{parallel} {layout}")
-    states = result["states"][:ROUNDS]
+    states = result["states"][: len(rounds)]
     # Round 1: docs[0] is resident when the second prompt comes. Round 4: the late prompts join
     # together, the second one joins the first one's docs[4] prefill in flight (a miss, a join).
     # Round 5: the reset dropped the pool: as cold as round 1.
@@ -120,8 +119,8 @@ def test_preempted_requests_give_the_same_answers(models_dir: Path, engine_run, 
     same `sequential` engine."""
     rnd = preemption_round()
     result = engine_run(parallel, "sequential")
-    before, state = result["states"][ROUNDS - 1 :]
+    before, state = result["states"][-2:]
     assert state["preemptions"] > before["preemptions"], state
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
-    check_round(model, raw_tok, rnd["prompts"], result["rounds"][ROUNDS], 240, f"{parallel} preempted")
+    check_round(model, raw_tok, rnd["prompts"], result["rounds"][-1], 240, f"{parallel} preempted")
     assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0
