@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,15 @@ os.environ.setdefault("VLLM_CHUNK_CACHE_SIZE_GB", "0.25")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--strict-skips",
+        action="store_true",
+        help="a skipped test fails, unless it is marked `cuda` or `optional`, or its reason starts "
+        "with 'no CUDA' (scripts/test.sh: a test that needs two cores, a store binary or a model runs)",
+    )
+
+
 def pytest_configure(config) -> None:
     """Torch inductor's vector-ISA probe (~15 s per engine process) runs once per test run:
     tests/helpers/site/sitecustomize.py memoizes it here and in every child process."""
@@ -37,6 +48,50 @@ def pytest_configure(config) -> None:
 
 def pytest_unconfigure(config) -> None:
     shutil.rmtree(getattr(config, "isa_probe_memo", ""), ignore_errors=True)
+
+
+ALLOWED_SKIP_MARKERS = ("cuda", "optional")
+ALLOWED_SKIP_REASON = "no CUDA"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With --strict-skips, a skip other than the allowed ones is reported as a failure."""
+    report = yield
+    if report.skipped and item.config.getoption("strict_skips") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        marked = any(item.get_closest_marker(name) for name in ALLOWED_SKIP_MARKERS)
+        if not (marked or reason.startswith(ALLOWED_SKIP_REASON)):
+            report.outcome = "failed"
+            report.longrepr = (
+                f"SKIPPED IN A STRICT RUN: {item.nodeid}: {reason}\n"
+                "--strict-skips (scripts/test.sh) runs every test but those marked `cuda` or "
+                "`optional` and those skipped for 'no CUDA': give this test what it needs."
+            )
+    return report
+
+
+_wall_times: defaultdict[str, float] = defaultdict(float)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Wall time of each test (set-up, call, tear-down), added up per test directory."""
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        _wall_times[Path(item.nodeid.split("::", 1)[0]).parent.as_posix()] += time.monotonic() - start
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _wall_times:
+        return
+    terminalreporter.write_sep("=", "wall time per test directory (fixtures included where first used)")
+    for directory, seconds in sorted(_wall_times.items()):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {directory}")
+    terminalreporter.write_line(f"{sum(_wall_times.values()):8.1f} s  in all")
 
 
 @pytest.fixture
@@ -116,11 +171,20 @@ def scheduled_requests(tiny_llama_llm):
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_server(models_dir: Path, tmp_path_factory):
-    """A real patched `vllm serve` process on the tiny Llama model; yields its base URL."""
+def tiny_llama_server_log(tmp_path_factory) -> Path:
+    """Where `tiny_llama_server` logs."""
+    return tmp_path_factory.mktemp("server") / "vllm-serve.log"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_server(models_dir: Path, tiny_llama_server_log: Path):
+    """A real patched `vllm serve` process on the tiny Llama model; yields its base URL. Started
+    with the defaults (`VLLM_ENABLE_CHUNK_CACHE=1 VLLM_CPU_KVCACHE_SPACE=1`, no pool setting): the
+    pool is sized from its KV memory, 0.25 of 1 GiB, as large as the offline engines' pools."""
     from tests.helpers.server_utils import vllm_server
 
-    with vllm_server(models_dir / "tiny-llama", tmp_path_factory.mktemp("server") / "vllm-serve.log") as url:
+    env = {"VLLM_ENABLE_CHUNK_CACHE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CHUNK_CACHE_SIZE_GB": None}
+    with vllm_server(models_dir / "tiny-llama", tiny_llama_server_log, env=env) as url:
         yield url
 
 

@@ -51,11 +51,8 @@ def test_qwen2_cold_warm_reordered_in_the_overlap_layout(models_dir: Path):
     assert reord["pinned_entries"] == 0
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama3"])
-def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
-    """Chunks at the positions of the plain concatenation (the default layout, set here by name):
-    cached keys re-rotated on load (tiny-llama3: Llama3 rope scaling, so the rescaled frequency
-    bands are exercised)."""
+def sequential_rounds() -> list[dict]:
+    """Cold, warm and reordered (one batch) chunked prompts."""
     docs = [cc.document(140 + i, 80 + 30 * i) for i in range(4)] + [cc.UNICODE_DOC]
     first = [
         cc.chunked(cc.SYS, docs[:3], "What is first?"),
@@ -65,12 +62,39 @@ def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str):
         cc.chunked(cc.SYS, [docs[2], docs[0], docs[1]], "What is first?"),
         cc.chunked(cc.SYS, [docs[4], docs[1], docs[3], docs[2]], "Mixed?"),
     ]
-    rounds = [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True}]
-    result = run_engine(models_dir / name, rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "sequential"})
+    return [{"prompts": first}, {"prompts": first}, {"prompts": reordered, "batch": True}]
+
+
+ORDINARY = [
+    {
+        "prompts": ["An ordinary prompt about ferries.", "One # # delimiter only.", cc.document(9, 300)],
+        "batch": True,
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def llama_engine(models_dir: Path) -> dict:
+    """One tiny-llama engine of the default layout, named: the sequential rounds, then the
+    ordinary prompts of `test_ordinary_prompts_match_unpatched_behaviour` (with the chunk cache on)."""
+    rounds = sequential_rounds() + ORDINARY
+    return run_engine(models_dir / "tiny-llama", rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "sequential"})
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama3"])
+def test_sequential_layout_cold_warm_reordered(models_dir: Path, name: str, request):
+    """Chunks at the positions of the plain concatenation (the default layout, set here by name):
+    cached keys re-rotated on load (tiny-llama3: Llama3 rope scaling, so the rescaled frequency
+    bands are exercised)."""
+    rounds = sequential_rounds()
+    if name == "tiny-llama":
+        result = request.getfixturevalue("llama_engine")
+    else:
+        result = run_engine(models_dir / name, rounds, env={"VLLM_CHUNK_CACHE_LAYOUT": "sequential"})
     model, raw_tok = cc.reference_tools(models_dir, name)
-    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=True):
+    for rnd, res, what in zip(rounds, result["rounds"], ["cold", "warm", "reordered"], strict=False):
         check_round(model, raw_tok, rnd["prompts"], res, 8, f"{name} sequential {what}", "sequential")
-    cold, warm, reord = result["states"]
+    cold, warm, reord = result["states"][:3]
     assert (cold["hits"], cold["misses"]) == (1, 5)  # docs[0] planned by the first request
     assert (warm["hits"] - cold["hits"], warm["misses"] - cold["misses"]) == (6, 0)
     assert (reord["hits"] - warm["hits"], reord["misses"] - warm["misses"]) == (7, 0)
@@ -175,14 +199,16 @@ SMALL = {"VLLM_CHUNK_CACHE_SIZE_GB": str(32 * 16 * 1024 / 2**30)}
 SMALL_ENGINE = {"max_model_len": 700, "num_gpu_blocks_override": 6}
 
 
-def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
+def eviction_rounds() -> list[dict]:
+    """One by one and batched evicting sets, long generations, aborts, a set larger than the pool,
+    then one served still."""
     docs = [cc.document(80 + i, 100) for i in range(9)]
     sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [2, 0, 1], [5, 8]]
     evicting = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
     preempting = [cc.chunked(cc.SYS, [docs[i], docs[i + 1]], "Tell me more.") for i in (0, 3, 6)]
     aborted = [cc.chunked(cc.SYS, [docs[i], docs[(i + 4) % 9]], "Abort?") for i in range(4)]
     too_big = cc.chunked(cc.SYS, [docs[i] for i in range(5)], "Too many?")
-    rounds = [
+    return [
         {"prompts": evicting},
         {"prompts": evicting, "batch": True},
         {"prompts": preempting, "batch": True, "max_tokens": 160},
@@ -190,7 +216,29 @@ def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
         {"prompts": [too_big]},
         {"prompts": evicting[:1]},
     ]
-    result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE, SMALL)
+
+
+def preemption_round() -> dict:
+    """Short chunked prompts with long generations: several are admitted at once, their decodes
+    outgrow a small paged KV cache, and vLLM preempts some; they plan and load again."""
+    docs = [cc.document(200 + i, 30) for i in range(6)]
+    prompts = [cc.chunked(cc.SYS, [docs[i], docs[(i + 1) % 6]], f"Go on {i}.") for i in range(4)]
+    return {"prompts": prompts, "batch": True, "max_tokens": 240}
+
+
+@pytest.fixture(scope="module")
+def small_engine(models_dir: Path) -> dict:
+    """One engine of a 6-block KV cache and a 32-page pool: the eviction rounds, then the
+    preemption round (its documents fit the pool together)."""
+    return run_engine(
+        models_dir / "tiny-llama", [*eviction_rounds(), preemption_round()], SMALL_ENGINE, SMALL
+    )
+
+
+def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path, small_engine: dict):
+    rounds = eviction_rounds()
+    evicting, preempting = rounds[0]["prompts"], rounds[2]["prompts"]
+    result = small_engine
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
     check_round(model, raw_tok, evicting, result["rounds"][0], 8, "one by one")
     check_round(model, raw_tok, evicting, result["rounds"][1], 8, "batched, pool contended")
@@ -198,7 +246,7 @@ def test_eviction_contention_and_aborts_in_a_small_engine(models_dir: Path):
     assert "VLLM_CHUNK_CACHE_SIZE_GB" in result["rounds"][4][0]["error"]
     check_round(model, raw_tok, evicting[:1], result["rounds"][5], 8, "still serving")
 
-    states = result["states"]
+    states = result["states"][: len(rounds)]
     assert states[0]["evictions"] > 0
     for state in states:  # nothing leaks: only the LRU holds pages, nothing pinned between rounds
         assert state["pinned_entries"] == 0 and state["pending_entries"] == 0
@@ -224,27 +272,21 @@ def test_a_request_the_pool_cannot_take_yet_does_not_hold_up_a_cached_one(models
     assert after["pinned_entries"] == 0 and after["users"] == 0 and after["prefills"] == 0
 
 
-def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path):
-    """Short chunked prompts with long generations in a 6-block KV cache: several are admitted at
-    once, their decodes outgrow the cache, and vLLM preempts some; they plan and load again."""
-    docs = [cc.document(200 + i, 30) for i in range(6)]
-    prompts = [cc.chunked(cc.SYS, [docs[i], docs[(i + 1) % 6]], f"Go on {i}.") for i in range(4)]
-    rounds = [{"prompts": prompts, "batch": True, "max_tokens": 240}]
-    result = run_engine(models_dir / "tiny-llama", rounds, SMALL_ENGINE)
-    assert result["states"][0]["preemptions"] > 0, result["states"]
+def test_preempted_chunk_path_requests_give_the_same_answers(models_dir: Path, small_engine: dict):
+    """The preemption round, after the eviction rounds in the same small engine."""
+    rnd = preemption_round()
+    before, state = small_engine["states"][-2:]
+    assert state["preemptions"] > before["preemptions"], small_engine["states"]
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
-    check_round(model, raw_tok, prompts, result["rounds"][0], 240, "preempted")
-    state = result["states"][0]
+    check_round(model, raw_tok, rnd["prompts"], small_engine["rounds"][-1], 240, "preempted")
     assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0
 
 
-def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path):
-    """Ordinary prompts: the same tokens with the chunk cache on and off (= unpatched vLLM)."""
-    prompts = ["An ordinary prompt about ferries.", "One # # delimiter only.", cc.document(9, 300)]
-    rounds = [{"prompts": prompts, "batch": True}]
-    on = run_engine(models_dir / "tiny-llama", rounds)
-    off = run_engine(models_dir / "tiny-llama", rounds, env={"VLLM_ENABLE_CHUNK_CACHE": "false"})
-    assert on["rounds"] == off["rounds"]
+def test_ordinary_prompts_match_unpatched_behaviour(models_dir: Path, llama_engine: dict):
+    """Ordinary prompts: the same tokens with the chunk cache on (after chunked rounds in the same
+    engine) and off (= unpatched vLLM)."""
+    off = run_engine(models_dir / "tiny-llama", ORDINARY, env={"VLLM_ENABLE_CHUNK_CACHE": "false"})
+    assert llama_engine["rounds"][-1:] == off["rounds"]
     assert off["states"][0] == {"preemptions": 0}  # no chunk cache in that engine at all
 
 

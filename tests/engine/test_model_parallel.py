@@ -6,6 +6,10 @@ with one worker), in both layouts; the hit/miss counts are the scheduler's, once
 
 vLLM's CPU backend runs each rank in its own process with one OpenMP thread bound to one core
 (`VLLM_CPU_OMP_THREADS_BIND='0|1'`); it refuses TP=2 on fewer allowed cores than ranks.
+
+One engine per parallel layout and chunk layout (four in all): a 10-block paged KV cache, room
+for every round, which the preemption round (in the `sequential` engines, after the rounds)
+outgrows.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_chunk_engines import SMALL_ENGINE, check_round
+from tests.engine.test_chunk_engines import check_round, preemption_round
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
@@ -27,6 +31,12 @@ needs_two_cores = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="two workers on CPU bind one core each"
 )
 pytestmark = needs_two_cores
+
+
+# 10 blocks of 128 tokens: the rounds' largest batch takes 7 blocks, the preemption round's 4
+# requests outgrow them (3 blocks each by the end of their 240 tokens).
+ENGINE = {"max_model_len": 700, "num_gpu_blocks_override": 10}
+PARALLEL = {"TP=2": TP2, "PP=2": PP2}
 
 
 def parallel_rounds() -> tuple[list[dict], list[list[str]]]:
@@ -63,39 +73,54 @@ def check_parallel_rounds(
         check_round(model, raw_tok, prompts, outputs, max_tokens, f"{what} {name}", layout)
 
 
-def count_steps(result: dict) -> list[tuple[int, int]]:
+def count_steps(states: list[dict]) -> list[tuple[int, int]]:
     """(hits, misses) counted in each round."""
-    counts = [(s["hits"], s["misses"]) for s in result["states"]]
+    counts = [(s["hits"], s["misses"]) for s in states]
     return [(b[0] - a[0], b[1] - a[1]) for a, b in zip([(0, 0), *counts], counts, strict=False)]
+
+
+@pytest.fixture(scope="module")
+def engine_run(models_dir: Path):
+    """`engine_run(parallel, layout)`: the result of that engine's rounds (then, in `sequential`,
+    the preemption round), run once for the tests that read it."""
+    results: dict[tuple[str, str], dict] = {}
+
+    def run(parallel: str, layout: str) -> dict:
+        if (parallel, layout) not in results:
+            rounds = parallel_rounds()[0] + ([preemption_round()] if layout == "sequential" else [])
+            env = {**BIND, "VLLM_CHUNK_CACHE_LAYOUT": layout}
+            engine = {**PARALLEL[parallel], **ENGINE}
+            results[parallel, layout] = run_engine(models_dir / "tiny-llama", rounds, engine, env)
+        return results[parallel, layout]
+
+    return run
 
 
 @pytest.mark.parametrize("layout", ["sequential", "overlap"])
 @pytest.mark.parametrize("parallel", ["TP=2", "PP=2"])
-def test_cold_warm_reordered_and_joins(models_dir: Path, parallel: str, layout: str):
+def test_cold_warm_reordered_and_joins(models_dir: Path, engine_run, parallel: str, layout: str):
     rounds, checked = parallel_rounds()
-    engine, env = {"TP=2": TP2, "PP=2": PP2}[parallel], {**BIND, "VLLM_CHUNK_CACHE_LAYOUT": layout}
-    result = run_engine(models_dir / "tiny-llama", rounds, engine, env)
+    result = engine_run(parallel, layout)
     check_parallel_rounds(models_dir, rounds, checked, result, layout, f"{parallel} {layout}")
+    states = result["states"][: len(rounds)]
     # Round 1: docs[0] is resident when the second prompt comes. Round 4: the late prompts join
     # together, the second one joins the first one's docs[4] prefill in flight (a miss, a join).
     # Round 5: the reset dropped the pool: as cold as round 1.
-    assert count_steps(result) == [(1, 5), (6, 0), (7, 0), (1, 2), (1, 5)]
-    joins = [s["inflight_joins"] for s in result["states"]]
+    assert count_steps(states) == [(1, 5), (6, 0), (7, 0), (1, 2), (1, 5)]
+    joins = [s["inflight_joins"] for s in states]
     assert joins[3] - joins[2] == 1, joins
-    assert result["states"][-1]["pinned_entries"] == 0
+    assert states[-1]["pinned_entries"] == 0
+    assert states[-1]["preemptions"] == 0, "the rounds outgrew the KV cache"
 
 
 @pytest.mark.parametrize("parallel", ["TP=2", "PP=2"])
-def test_preempted_requests_give_the_same_answers(models_dir: Path, parallel: str):
-    """Long generations in a 6-block KV cache: vLLM preempts some requests; they plan and load
-    again (with PP=2, while another batch is in flight)."""
-    docs = [cc.document(200 + i, 30) for i in range(6)]
-    prompts = [cc.chunked(cc.SYS, [docs[i], docs[(i + 1) % 6]], f"Go on {i}.") for i in range(4)]
-    rounds = [{"prompts": prompts, "batch": True, "max_tokens": 240}]
-    engine = {**{"TP=2": TP2, "PP=2": PP2}[parallel], **SMALL_ENGINE}
-    result = run_engine(models_dir / "tiny-llama", rounds, engine, BIND)
-    (state,) = result["states"]
-    assert state["preemptions"] > 0, state
+def test_preempted_requests_give_the_same_answers(models_dir: Path, engine_run, parallel: str):
+    """The preemption round (with PP=2, while another batch is in flight), after the rounds of the
+    same `sequential` engine."""
+    rnd = preemption_round()
+    result = engine_run(parallel, "sequential")
+    before, state = result["states"][-2:]
+    assert state["preemptions"] > before["preemptions"], state
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
-    check_round(model, raw_tok, prompts, result["rounds"][0], 240, f"{parallel} preempted")
+    check_round(model, raw_tok, rnd["prompts"], result["rounds"][-1], 240, f"{parallel} preempted")
     assert state["pinned_entries"] == 0 and state["users"] == 0 and state["prefills"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,21 @@ def reference(
     )
 
 
+_qattn_references: dict[tuple, tuple] = {}
+
+
 def qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str, layout: str = DEFAULT_LAYOUT):
     """The expected structure of `text` and the HF reference answer of the `qattn:r/m` recovery
     mode (`tests/helpers/hf_recovery.py`): the tokens, the log-probability of the first one, and
-    the region tokens the plan computes."""
+    the region tokens the plan computes. `raw_tok` is the model's own tokenizer; computed once per
+    model and arguments (a copy of that)."""
+    key = (model.name_or_path, text, max_tokens, mode, layout)
+    if key not in _qattn_references:
+        _qattn_references[key] = _qattn_reference(model, raw_tok, text, max_tokens, mode, layout)
+    return copy.deepcopy(_qattn_references[key])
+
+
+def _qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str, layout: str):
     from tests.helpers import hf_recovery as hr
 
     exp = expected_structure(raw_tok, text)

@@ -11,11 +11,16 @@ prompt `SYS + C_i` (so it sees SYS at the distances of that prompt), its keys ar
 the positions of the plain concatenation by HF's own rotary embedding (a rotation by the sum of
 the lengths of the chunks before it), and the question and generated tokens are decoded on that
 assembled cache at the positions of the plain concatenation.
+
+Many tests check engines of several layouts and sizes against the same prompts: a model is loaded
+once per directory, and a reference is computed once per (model, prompt, spans, layout, length).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -74,7 +79,9 @@ def position_ids(sys_len: int, chunk_lens: list[int], total: int, layout: str = 
     return pos[None]
 
 
-@torch.no_grad()
+_references: dict[tuple, Reference] = {}
+
+
 def greedy(
     model,
     prompt: list[int],
@@ -82,6 +89,31 @@ def greedy(
     sys_len: int | None = None,
     chunk_lens: list[int] | None = None,
     layout: str = "overlap",
+) -> Reference:
+    """The reference answer (a copy of the one computed first for the same model and arguments)."""
+    key = (
+        model.name_or_path,
+        model.dtype,
+        tuple(prompt),
+        max_tokens,
+        sys_len,
+        tuple(chunk_lens or ()),
+        layout,
+    )
+    if key not in _references:
+        _references[key] = _greedy(model, prompt, max_tokens, sys_len, chunk_lens, layout)
+    ref = _references[key]
+    return Reference(list(ref.tokens), list(ref.logprobs), list(ref.gaps))
+
+
+@torch.no_grad()
+def _greedy(
+    model,
+    prompt: list[int],
+    max_tokens: int,
+    sys_len: int | None,
+    chunk_lens: list[int] | None,
+    layout: str,
 ) -> Reference:
     chunk_lens = chunk_lens or []
     if layout == "sequential" and chunk_lens:
@@ -151,6 +183,12 @@ def greedy_sequential(
 
 
 def load(model_dir) -> torch.nn.Module:
+    """The model of `model_dir` (float32, eager attention), loaded once: callers never change it."""
+    return _load(str(Path(model_dir).resolve()))
+
+
+@functools.cache
+def _load(model_dir: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(

