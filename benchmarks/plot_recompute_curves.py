@@ -4,8 +4,9 @@
 One PNG per JSON, three panels (gold in answer, agreement with full attention, first-token KL)
 against the fraction of document tokens recomputed; one line per budgeted rule (`blend:r`,
 `qattn:r`, `epicr:r`, sequential layout; one per variant of a rule, e.g. `qattn:r/16,sink:8`),
-`suffix:last` / `suffix:last:2` and `plain` as points at their own fraction, `ape:T,S` as points at 0, full attention as a dashed line (and the 0.95x
-contains / 0.8 agreement bars of the issue's target).
+`suffix:last` / `suffix:last:2` and `plain` as points at their own fraction, `ape:T,S` as points
+at 0, full attention as a dashed line (and the 0.95x contains / 0.8 agreement bars of the issue's
+target).
 
     .venv/bin/python -m benchmarks.plot_recompute_curves benchmarks/recompute_curves_synthetic.json \\
         benchmarks/recompute_curves_synthetic10.json benchmarks/recompute_curves_musique.json
@@ -39,7 +40,7 @@ def _lines(summary: dict) -> dict[str, list[str]]:
         if layout != "sequential" or name not in RULES:
             continue
         rest = arg.lstrip("0123456789.")
-        label = f"{RULES[name]}{': ' + name + ':r' + rest if rest else ''}"
+        label = f"{name}:r{rest}" if rest else RULES[name]
         lines.setdefault(label, []).append(config)
     return lines
 
