@@ -19,7 +19,8 @@ recompute fraction (prompt tokens computed / prompt tokens, when every document 
 `CURVE_CONFIGS` (issue 25: each budgeted selection rule at 5-30 % of the document tokens, APE-like
 scaling, `last`, `last:2`). Plans run in one masked forward (`run(..., one_pass=True)`, equal to
 the run-by-run loop). The JSON is rewritten after every question. Curves of its summary:
-`benchmarks/plot_recompute_curves.py`.
+`benchmarks/plot_recompute_curves.py`. `selection` stands for `SELECTION_CONFIGS` (issue 35: the
+engine's `qattn:r/16` against candidate selection rules, at 5-20 %).
 
     .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \
         --max-tokens 20 --configs curves --out benchmarks/recompute_curves_synthetic.json
@@ -74,6 +75,24 @@ CURVE_CONFIGS_SHORT = [
     *[f"sequential/{rule}:{r}" for rule in ("blend", "qattn", "epicr") for r in (0.1, 0.2)],
     "sequential/ape:0.9,0.9",
 ]
+SELECTION_BUDGETS = [0.05, 0.1, 0.15, 0.2]
+SELECTION_RULES = [
+    "qattn:{r}/16",
+    "qattn:{r}/16@8+15+22",
+    "qattn:{r}/16,sink:8",
+    "qattn:{r}/16,floor",
+    "qattn:{r}/16,grow",
+    "qattn:{r}/16@8+15+22,sink:8,floor",
+]
+SELECTION_CONFIGS = [
+    "sequential/plain",
+    *[f"sequential/{rule.format(r=r)}" for rule in SELECTION_RULES for r in SELECTION_BUDGETS],
+]
+"""Issue 35, item 1 (`selection`): the engine's `qattn:r/16` against candidate selection rules at
+5-20 % of the document tokens, their parameters fixed before any run: the scores summed over
+layers 8, 15 and 22 of 30; the first 8 tokens of every document but the first always computed;
+every document's best window first; windows grown by score mass; the first three together.
+"""
 """Issue 25's sweep: `blend:r` (CacheBlend, oracle check layer), `qattn:r` (the question's
 attention at the middle layer), `epicr:r` (EPIC heads sized to the budget), `ape:T,S`;
 `curves-short` (`CURVE_CONFIGS_SHORT`): the budgets 10 and 20 % only, for long prompts."""
@@ -122,6 +141,9 @@ def main() -> None:
     ap.add_argument("--synthetic", type=int, default=0, help="N synthetic questions")
     ap.add_argument("--data", help="musique_s.json")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument(
+        "--start", type=int, default=0, help="skip the first START questions (a run split over processes)"
+    )
     ap.add_argument("--docs", type=int, default=5)
     ap.add_argument("--doc-tokens", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -137,7 +159,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    presets = {"curves": CURVE_CONFIGS, "curves-short": CURVE_CONFIGS_SHORT}
+    presets = {"curves": CURVE_CONFIGS, "curves-short": CURVE_CONFIGS_SHORT, "selection": SELECTION_CONFIGS}
     args.configs = [c for config in args.configs for c in presets.get(config, [config])]
 
     import torch
@@ -156,6 +178,7 @@ def main() -> None:
         items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
         items = items[: args.limit] if args.limit else items
         cut = None
+    items = items[args.start :]
     eos = tok.eos_token_id
     samples = []
     start = time.time()

@@ -3,9 +3,10 @@
 
 One PNG per JSON, three panels (gold in answer, agreement with full attention, first-token KL)
 against the fraction of document tokens recomputed; one line per budgeted rule (`blend:r`,
-`qattn:r`, `epicr:r`, sequential layout), `suffix:last` / `suffix:last:2` and `plain` as points at
-their own fraction, `ape:T,S` as points at 0, full attention as a dashed line (and the 0.95x
-contains / 0.8 agreement bars of the issue's target).
+`qattn:r`, `epicr:r`, sequential layout; one per variant of a rule, e.g. `qattn:r/16,sink:8`),
+`suffix:last` / `suffix:last:2` and `plain` as points at their own fraction, `ape:T,S` as points
+at 0, full attention as a dashed line (and the 0.95x contains / 0.8 agreement bars of the issue's
+target).
 
     .venv/bin/python -m benchmarks.plot_recompute_curves benchmarks/recompute_curves_synthetic.json \\
         benchmarks/recompute_curves_synthetic10.json benchmarks/recompute_curves_musique.json
@@ -29,6 +30,21 @@ PANELS = [
 ]
 
 
+def _lines(summary: dict) -> dict[str, list[str]]:
+    """The budgeted configurations of the sequential layout, one line per rule: the mode with its
+    budget left out (`qattn:0.1/16,sink:8` -> `qattn:r/16,sink:8`)."""
+    lines: dict[str, list[str]] = {}
+    for config in summary:
+        layout, _, mode = config.partition("/")
+        name, _, arg = mode.partition(":")
+        if layout != "sequential" or name not in RULES:
+            continue
+        rest = arg.lstrip("0123456789.")
+        label = f"{name}:r{rest}" if rest else RULES[name]
+        lines.setdefault(label, []).append(config)
+    return lines
+
+
 def plot(path: Path, out: Path) -> None:
     import matplotlib
 
@@ -46,16 +62,11 @@ def plot(path: Path, out: Path) -> None:
             ax.axhline(0.95 * full, color="grey", ls=":", lw=1, label="0.95x full")
         if key == "agreement":
             ax.axhline(0.8, color="grey", ls=":", lw=1, label="0.8")
-        for i, rule in enumerate(RULES):
-            points = sorted(
-                (s["doc_recompute_fraction"], s[key])
-                for c, s in summary.items()
-                if c.startswith(f"sequential/{rule}:")
-            )
-            if points:
-                plain = summary["sequential/plain"]
-                points = [(0.0, plain[key]), *points]
-                ax.plot(*zip(*points, strict=True), marker="o", color=f"C{i}", label=RULES[rule])
+        for i, (rule, configs) in enumerate(_lines(summary).items()):
+            points = sorted((summary[c]["doc_recompute_fraction"], summary[c][key]) for c in configs)
+            plain = summary["sequential/plain"]
+            points = [(0.0, plain[key]), *points]
+            ax.plot(*zip(*points, strict=True), marker="o", color=f"C{i % 10}", label=rule)
         marks = [
             ("sequential/plain", "s", "C7", "plain"),
             ("overlap/plain", "x", "C7", "overlap plain"),

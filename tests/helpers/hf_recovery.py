@@ -42,6 +42,17 @@ Budgeted forms (issue 25; `r` = the fraction of region tokens computed, `round(r
   the last (the engine's scoring pass must not sample); the region after C_1 is cut into windows
   of `w = ceil(count / m)` tokens from C_2's first token on, and the `ceil(count / w)` windows of
   highest summed score are computed (ties: the earlier window).
+- Candidate refinements of `qattn:r/m` (issue 35, item 1), options after a comma (they need `/m`):
+  - `qattn:r/m@L1+L2+...` (also without `/m`): the scores summed over the layers named (each
+    layer's weights summed over heads and question tokens, as above);
+  - `,sink:k`: the first `k` tokens of every chunk but the first always computed (EPIC's
+    attention-sink repair; `k` capped so that the heads fit the count), counted in the count;
+    the rest of the count goes to windows as in `qattn:r/m` over the scores with those heads at 0;
+  - `,floor`: every chunk but the first gets its best window before the rest are ranked, so that
+    no chunk is starved (at most as many windows as the count allows);
+  - `,grow`: windows sized by score mass instead of fixed width: tokens are added one at a time,
+    each the highest-scoring token next to a chosen run or, while fewer than `m` runs exist, any
+    token (ties: the earlier), until the count is reached (at most `m` runs, merged when they touch).
 - `epicr:r`: EPIC with k chosen to hit the budget: the first `k = round(r * region / (n - 1))`
   tokens of every chunk but the first (capped at the chunk's length; `r >= 1`: every chunk whole).
 - `suffix:last:m`: the whole last `m` chunks (`suffix:last:1` = `suffix:last`).
@@ -71,6 +82,7 @@ continues on the cache. fp32, eager attention.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -196,11 +208,16 @@ def recompute_set(
     if name == "qattn":
         if attention is None:
             raise ValueError("qattn needs the question's attention over the region")
-        fraction, _, runs = arg.partition("@")[0].partition("/")
+        spec, *options = arg.split(",")
+        fraction, _, runs = spec.partition("@")[0].partition("/")
         first = chunk_lens[0]  # C_1's cached KV is full attention's already
         count = min(round(float(fraction) * region), region - first)
         if not count:
             return set()
+        if options:
+            if not runs:
+                raise ValueError(f"{mode!r}: the options of qattn need a run count (qattn:r/m,...)")
+            return _refined(attention.float(), chunk_lens, count, int(runs), options)
         if runs:
             return _top_windows(attention.float(), first, count, int(runs))
         scores = attention.clone().float()
@@ -209,14 +226,84 @@ def recompute_set(
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def _top_windows(scores: torch.Tensor, first: int, count: int, runs: int) -> set[int]:
+def _top_windows(
+    scores: torch.Tensor, first: int, count: int, runs: int, floor: list[int] | None = None
+) -> set[int]:
     """`qattn:r/m`: the region after C_1 cut into windows of `ceil(count / m)` tokens from C_2's
-    first token on; the `ceil(count / width)` windows of highest summed score (ties: the earlier)."""
+    first token on; the `ceil(count / width)` windows of highest summed score (ties: the earlier).
+    `floor` (chunk start offsets after C_1): each of those chunks' best window ranks first."""
     width = -(-count // runs)
     starts = list(range(first, len(scores), width))
     sums = [float(scores[s : s + width].sum()) for s in starts]
-    best = sorted(range(len(starts)), key=lambda i: (-sums[i], i))[: -(-count // width)]
+    order = sorted(range(len(starts)), key=lambda i: (-sums[i], i))
+    if floor:
+        bounds = [*floor, len(scores)]
+        each = [
+            next((i for i in order if lo <= starts[i] < hi), None) for lo, hi in itertools.pairwise(bounds)
+        ]
+        best_each = [i for i in each if i is not None]
+        order = [*best_each, *(i for i in order if i not in best_each)]
+    best = order[: -(-count // width)]
     return {t for i in best for t in range(starts[i], min(starts[i] + width, len(scores)))}
+
+
+def _grown_runs(scores: torch.Tensor, first: int, count: int, runs: int) -> set[int]:
+    """`,grow`: `count` tokens after C_1 in at most `runs` runs, each step the best token next to
+    a chosen run or, while fewer than `runs` runs exist, the best token anywhere."""
+    chosen = torch.zeros(len(scores), dtype=torch.bool)
+    chosen[:first] = True  # never C_1
+    for _ in range(count):
+        picked = chosen.clone()
+        picked[:first] = False
+        edges = picked.int().diff(
+            prepend=torch.zeros(1, dtype=torch.int32), append=torch.zeros(1, dtype=torch.int32)
+        )
+        open_ = torch.zeros(len(scores), dtype=torch.bool)
+        if int((edges == 1).sum()) < runs:
+            open_ = ~chosen
+        else:
+            for lo in (edges == 1).nonzero().flatten().tolist():
+                if lo - 1 >= first and not chosen[lo - 1]:
+                    open_[lo - 1] = True
+            for hi in (edges == -1).nonzero().flatten().tolist():
+                if hi < len(scores) and not chosen[hi]:
+                    open_[hi] = True
+        if not open_.any():
+            break
+        chosen[int(torch.where(open_, scores, -math.inf).argmax())] = True
+    chosen[:first] = False
+    return set(chosen.nonzero().flatten().tolist())
+
+
+def _refined(
+    scores: torch.Tensor, chunk_lens: list[int], count: int, runs: int, options: list[str]
+) -> set[int]:
+    """`qattn:r/m,<options>` (sink:k, floor, grow): see the module docstring."""
+    heads: set[int] = set()
+    floor, grow = None, False
+    offsets = [sum(chunk_lens[:i]) for i in range(1, len(chunk_lens))]  # chunk starts after C_1
+    for option in options:
+        key, _, value = option.partition(":")
+        if key == "sink" and offsets:
+            k = min(int(value), count // len(offsets))
+            heads = {at + j for at, n in zip(offsets, chunk_lens[1:], strict=True) for j in range(min(k, n))}
+        elif key == "floor":
+            floor = offsets
+        elif key == "grow":
+            grow = True
+        elif key != "sink":
+            raise ValueError(f"unknown qattn option {option!r}")
+    rest = count - len(heads)
+    if not rest:
+        return heads
+    scores = scores.clone()
+    scores[sorted(heads)] = 0.0
+    first = chunk_lens[0]
+    if grow:
+        chosen = _grown_runs(scores, first, rest, runs)
+    else:
+        chosen = _top_windows(scores, first, rest, runs, floor)
+    return heads | chosen
 
 
 def ape_setting(mode: str) -> tuple[float, float] | None:
@@ -228,9 +315,12 @@ def ape_setting(mode: str) -> tuple[float, float] | None:
     return float(t), float(s)
 
 
-def qattn_layer(model, mode: str) -> int:
-    """The layer whose attention a `qattn:r[@L]` mode reads (default: the middle one)."""
-    _, _, layer = mode.partition("@")
+def qattn_layer(model, mode: str) -> int | tuple[int, ...]:
+    """The layer whose attention a `qattn:r[@L]` mode reads (default: the middle one), or the
+    layers of `qattn:r@L1+L2+...` (their scores summed)."""
+    _, _, layer = mode.partition(",")[0].partition("@")
+    if "+" in layer:
+        return tuple(int(x) for x in layer.split("+"))
     return int(layer) if layer else model.config.num_hidden_layers // 2
 
 
@@ -245,7 +335,7 @@ def _attention(model, ape: tuple[float, float] | None = None, region: slice | No
 
     `ape` = (T, S): for the KV columns `region`, logits `l` become `l / T + (T - 1) * lse(l / T) +
     log S` (lse over the region, per query row), i.e. APE's grouped softmax in one softmax.
-    `record` = (layer, list): the attention weights [1, H, q, kv] of that layer are appended."""
+    `record` = (layers, list): the attention weights [1, H, q, kv] of those layers are appended."""
     modeling = sys.modules[type(model).__module__]
 
     def forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -260,7 +350,7 @@ def _attention(model, ape: tuple[float, float] | None = None, region: slice | No
             logits = logits.clone()
             logits[..., region] = doc + (t - 1) * torch.logsumexp(doc, -1, keepdim=True) + math.log(s)
         weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
-        if record is not None and module.layer_idx == record[0]:
+        if record is not None and module.layer_idx in record[0]:
             record[1].append(weights)
         return torch.matmul(weights, v).transpose(1, 2).contiguous(), weights
 
@@ -287,18 +377,19 @@ def question_attention(
     chunk_lens: list[int],
     layout: str,
     kv: ChunkKV,
-    layer: int,
+    layer: int | tuple[int, ...],
     drop_last: bool = False,
 ) -> torch.Tensor:
     """Per region token: the question's attention weight at `layer` over the plainly loaded cache,
-    summed over heads and question tokens (`qattn:r`); `drop_last`: over all but the question's
-    last token (`qattn:r/m`, the engine's form: its scoring pass stops before the token that
-    samples)."""
+    summed over heads and question tokens (`qattn:r`), and over the layers if `layer` is a tuple;
+    `drop_last`: over all but the question's last token (`qattn:r/m`, the engine's form: its
+    scoring pass stops before the token that samples)."""
     starts, q_start = layout_starts(sys_len, chunk_lens, layout)
     cache = _loaded_cache(model, kv, sys_len, starts)
     q_ids = prompt[sys_len + sum(chunk_lens) :]
     weights: list[torch.Tensor] = []
-    with _attention(model, record=(layer, weights)):
+    layers = layer if isinstance(layer, tuple) else (layer,)
+    with _attention(model, record=(layers, weights)):
         model(
             input_ids=torch.tensor([q_ids]),
             position_ids=torch.arange(q_start, q_start + len(q_ids))[None],
@@ -306,7 +397,8 @@ def question_attention(
             use_cache=True,
         )
     rows = slice(0, len(q_ids) - 1 if drop_last else None)
-    return weights[0][0, :, rows, sys_len : sys_len + sum(chunk_lens)].sum(dim=(0, 1)).float()
+    region = slice(sys_len, sys_len + sum(chunk_lens))
+    return sum(w[0, :, rows, region].sum(dim=(0, 1)).float() for w in weights)
 
 
 @torch.no_grad()

@@ -144,6 +144,37 @@ def test_question_attention_and_qattn_selection(tiny):
         hr.recompute_set("qattn:0.1", SYS, LENS)
 
 
+def test_qattn_refinements(tiny):
+    """Issue 35's candidate rules: scores summed over layers, sink heads, a per-chunk floor, and
+    windows grown by score mass (C_1 = 0..9, C_2 = 10..26, C_3 = 27..34; count 7 at 0.2)."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    assert hr.qattn_layer(tiny, "qattn:0.1/16@0+1,sink:4") == (0, 1)
+    assert hr.qattn_layer(tiny, "qattn:0.1/4@1,grow") == 1
+    summed = hr.question_attention(tiny, PROMPT, SYS, LENS, "sequential", kv, (0, 1))
+    each = [hr.question_attention(tiny, PROMPT, SYS, LENS, "sequential", kv, layer) for layer in (0, 1)]
+    torch.testing.assert_close(summed, each[0] + each[1])
+    scores = torch.zeros(sum(LENS))
+    scores[[19, 20, 21]] = torch.tensor([3.0, 5.0, 4.0])
+    assert hr.recompute_set("qattn:0.2/2", SYS, LENS, attention=scores) == {*range(10, 14), *range(18, 22)}
+    assert hr.recompute_set("qattn:0.2/2,floor", SYS, LENS, attention=scores) == {
+        *range(18, 22),
+        *range(30, 34),
+    }
+    assert hr.recompute_set("qattn:0.2/2,sink:2", SYS, LENS, attention=scores) == {
+        10,
+        11,
+        27,
+        28,
+        *range(18, 22),
+    }
+    assert hr.recompute_set("qattn:0.2/1,grow", SYS, LENS, attention=scores) == set(range(15, 22))
+    scores[30] = 1.0
+    assert hr.recompute_set("qattn:0.2/2,grow", SYS, LENS, attention=scores) == {*range(16, 22), 30}
+    for bad in ("qattn:0.2,sink:2", "qattn:0.2/2,nope"):
+        with pytest.raises(ValueError):
+            hr.recompute_set(bad, SYS, LENS, attention=scores)
+
+
 def test_budgeted_sets():
     region = sum(LENS)
     assert hr.recompute_set("epicr:0.2", SYS, LENS) == {10, 11, 12, 13, 27, 28, 29, 30}  # k = round(7/2)
