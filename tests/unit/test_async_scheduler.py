@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -454,6 +455,30 @@ def arrive(run: AsyncRun, data, rid: str) -> None:
     run.add(rid, [*sys, *[t for d in docs for t in d], *question], max_tokens, priority, sys, docs)
 
 
+def random_runs(new_run: Callable[[], AsyncRun], player: Callable, max_examples: int) -> Counter:
+    """`max_examples` derandomized hypothesis runs: each a fresh `new_run()` that `player` drives
+    for 60 steps, then drained; the runs' counts summed (and `examples`, how many ran)."""
+    totals: Counter = Counter()
+
+    @settings(
+        max_examples=max_examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(data=st.data())
+    def run_one(data) -> None:
+        run = new_run()
+        player(run, data, num_steps=60)
+        run.drain()
+        totals.update(run.counts)
+        totals["examples"] += 1
+
+    run_one()
+    return totals
+
+
 def test_random_async_sequences_keep_the_pool_consistent(small_pool):
     """Random arrivals (shared documents: cold, warm, reordered; ordinary requests mixed in),
     aborts and cache resets, with a KV cache small enough for vLLM to preempt and a pool small
@@ -462,24 +487,7 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
     every request got its tokens (or its abort) and the pool holds no pin and no pending entry."""
     from vllm_ascend_chunk.config import get_config
 
-    totals: Counter = Counter()
-
-    @settings(
-        max_examples=40,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    @given(data=st.data())
-    def run_one(data) -> None:
-        run = AsyncRun(make_scheduler(small_pool))
-        play(run, data, num_steps=60)
-        run.drain()
-        totals.update(run.counts)
-        totals["examples"] += 1
-
-    run_one()
+    totals = random_runs(lambda: AsyncRun(make_scheduler(small_pool)), play, max_examples=40)
     reached = (
         "load_steps",
         "hits",

@@ -7,11 +7,9 @@ checked step by step as the async-scheduler test checks them."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_async_scheduler import (
@@ -23,6 +21,7 @@ from tests.unit.test_async_scheduler import (
     AsyncRun,
     arrive,
     make_scheduler,
+    random_runs,
     synthetic_output,
     vllm_config,
 )
@@ -150,24 +149,7 @@ def test_random_batch_queue_sequences(pp_pool):
     coordinator's bookkeeping holds, every load reads rows a prefill of the same document wrote,
     and at the end every request got its tokens (or its abort) and nothing is pinned."""
     stages, config = pp_pool
-    totals: Counter = Counter()
-
-    @settings(
-        max_examples=15,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    @given(data=st.data())
-    def run_one(data) -> None:
-        run = BatchQueueRun(pp_scheduler(config), depth=stages)
-        play(run, data, num_steps=60)
-        run.drain()
-        totals.update(run.counts)
-        totals["examples"] += 1
-
-    run_one()
+    totals = random_runs(lambda: BatchQueueRun(pp_scheduler(config), depth=stages), play, max_examples=15)
     for what in ("load_steps", "hits", "evictions", "preemptions", "aborts", "resets", "reset_preemptions"):
         assert totals[what] > 0, f"no {what} in {dict(totals)}"
     assert totals["resets_with_last_token_in_flight"] > 0, dict(totals)
