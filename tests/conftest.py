@@ -37,17 +37,49 @@ def pytest_addoption(parser) -> None:
 
 def pytest_configure(config) -> None:
     """Torch inductor's vector-ISA probe (~15 s per engine process) runs once per test run:
-    tests/helpers/site/sitecustomize.py memoizes it here and in every child process."""
-    memo = tempfile.mkdtemp(prefix="chunk-cache-isa-probe-")
-    config.isa_probe_memo = memo
-    os.environ["CHUNK_CACHE_TEST_ISA_MEMO"] = memo
+    tests/helpers/site/sitecustomize.py memoizes it here and in every child process. Under
+    pytest-xdist the controller makes the memo and its workers inherit it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        memo = tempfile.mkdtemp(prefix="chunk-cache-isa-probe-")
+        config.isa_probe_memo = memo
+        os.environ["CHUNK_CACHE_TEST_ISA_MEMO"] = memo
     site = str(REPO / "tests" / "helpers" / "site")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if site not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, *paths) if p)
     importlib.import_module("tests.helpers.site.sitecustomize")
 
 
 def pytest_unconfigure(config) -> None:
     shutil.rmtree(getattr(config, "isa_probe_memo", ""), ignore_errors=True)
+
+
+# The files that take longest (seconds of a run on 2 cores, fixtures included), run first so that
+# pytest-xdist's workers (scripts/test.sh) finish together; a file past ~30 s belongs here.
+SLOW_FILES = (
+    "tests/install/test_gpu_session.py",  # 180
+    "tests/engine/test_chunk_engines.py",  # 170
+    "tests/install/test_quickstart.py",  # 150-270 (pip's cache cold or warm)
+    "tests/server/test_disaggregated_prefill.py",  # 120
+    "tests/store/test_parallel_tiers.py",  # 115
+    "tests/store/test_shared_servers.py",  # 95
+    "tests/engine/test_model_parallel.py",  # 85
+    "tests/store/test_data_parallel_store.py",  # 75
+    "tests/install/test_demo.py",  # 60
+    "tests/store/test_rogue_writer.py",  # 55
+    "tests/store/test_shared_engines.py",  # 50
+    "tests/server/test_data_parallel.py",  # 40
+    "tests/store/test_remote_store.py",  # 40
+    "tests/engine/test_multi_connector.py",  # 40
+    "tests/unit/test_coordinator.py",  # 35
+    "tests/engine/test_host_tier.py",  # 30
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The slow files first (in SLOW_FILES' order), then the others as collected."""
+    rank = {path: i for i, path in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 ALLOWED_SKIP_MARKERS = ("cuda", "optional")
@@ -73,25 +105,26 @@ def pytest_runtest_makereport(item, call):
 
 
 _wall_times: defaultdict[str, float] = defaultdict(float)
+_started = time.monotonic()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Wall time of each test (set-up, call, tear-down), added up per test directory."""
-    start = time.monotonic()
-    try:
-        return (yield)
-    finally:
-        _wall_times[Path(item.nodeid.split("::", 1)[0]).parent.as_posix()] += time.monotonic() - start
+def pytest_runtest_logreport(report) -> None:
+    """Wall time of each test (set-up, call, tear-down), added up per test directory; under
+    pytest-xdist the controller receives every worker's reports."""
+    _wall_times[Path(report.nodeid.split("::", 1)[0]).parent.as_posix()] += report.duration
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
+def pytest_terminal_summary(terminalreporter, config) -> None:
     if not _wall_times:
         return
     terminalreporter.write_sep("=", "wall time per test directory (fixtures included where first used)")
     for directory, seconds in sorted(_wall_times.items()):
         terminalreporter.write_line(f"{seconds:8.1f} s  {directory}")
     terminalreporter.write_line(f"{sum(_wall_times.values()):8.1f} s  in all")
+    workers = getattr(config.option, "numprocesses", None)
+    if workers:
+        elapsed = time.monotonic() - _started
+        terminalreporter.write_line(f"{elapsed:8.1f} s  elapsed, tests run by {workers} pytest-xdist workers")
 
 
 @pytest.fixture
