@@ -39,6 +39,7 @@ from vllm_ascend_chunk.metrics import (
     INCREMENTS,
     ChunkCacheConnectorStats,
     ChunkCachePromMetrics,
+    forget_delivered,
     stats_payload,
 )
 from vllm_ascend_chunk.scheduler.coordinator import (
@@ -146,6 +147,7 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def stats_delivered(self, payload: dict[str, Any]) -> None:
         """`payload` goes to a frontend: later increments count from its totals."""
         self._delivered = {name: payload[name] for name in payload[INCREMENTS]}
+        forget_delivered(self.coordinator.manager, payload)
 
     # -- statistics (payload made by the scheduler, see `vllm_ascend_chunk.metrics`) -------------
     @classmethod

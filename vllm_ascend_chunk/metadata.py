@@ -60,11 +60,16 @@ class ChunkCacheInfo(ChunkSpans, array_like=True, frozen=True):
     """... in at most this many runs (`qattn:R/M`)."""
     recovered: int = 0
     """`last:K` recovery: how many documents joined the question (`frontend.recovery.apply`)."""
+    cover: float = 0.0
+    """`cover:TAU` recovery: the fraction TAU of the question's attention over the documents the
+    recomputed windows must cover (`select` is the ceiling RMAX; 0: not this mode)."""
+    cover_floor: float = 0.0
+    """... recomputing at least this fraction of the document tokens (RMIN)."""
 
     @property
     def recovers(self) -> bool:
         """Whether a recovery mode computes part of the document region with the question."""
-        return bool(self.select or self.recovered)
+        return bool(self.select or self.recovered or self.cover)
 
 
 def servable(info: ChunkCacheInfo | None, sampling_params) -> ChunkCacheInfo | None:

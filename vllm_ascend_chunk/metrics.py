@@ -31,8 +31,14 @@ from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
 
 PREFIX = "vllm:chunk_cache_"
 
-COUNTERS = {f.name: f.metadata["doc"] for f in dataclasses.fields(ChunkCacheStats)}
-"""Counter name → help text: the fields of `ChunkCacheStats`."""
+COUNTERS = {f.name: f.metadata["doc"] for f in dataclasses.fields(ChunkCacheStats) if "doc" in f.metadata}
+"""Counter name → help text: the counter fields of `ChunkCacheStats`."""
+HISTOGRAMS = {
+    f.name: f.metadata["histogram"] for f in dataclasses.fields(ChunkCacheStats) if "histogram" in f.metadata
+}
+"""Histogram name → help text: the observation fields of `ChunkCacheStats`."""
+FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
+"""Bucket bounds of the histograms (every one observes a fraction in [0, 1])."""
 GAUGES = {
     "usage_ratio": "Fraction of the chunk pool's pages in use (0..1).",
     "entries": "Entries in the pool (resident or being computed).",
@@ -49,7 +55,9 @@ INCREMENTS = "increments"
 
 def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None = None) -> dict[str, Any]:
     """The manager's counter totals, their increments over `delivered` (the totals of the last
-    payload a frontend received) and the tiers' gauges, as sent with a `SchedulerStats`."""
+    payload a frontend received), the histograms' observations not yet delivered
+    (`forget_delivered` drops them once delivered) and the tiers' gauges, as sent with a
+    `SchedulerStats`."""
     data: dict[str, Any] = dataclasses.asdict(manager.stats)
     delivered = delivered or {}
     data[INCREMENTS] = {name: data[name] - delivered.get(name, 0) for name in COUNTERS}
@@ -63,6 +71,12 @@ def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None =
         remote_up=int(manager.remote_reachable),
     )
     return data
+
+
+def forget_delivered(manager: ChunkCacheManager, payload: dict[str, Any]) -> None:
+    """`payload` reached a frontend: its histogram observations are not sent again."""
+    for name in HISTOGRAMS:
+        del getattr(manager.stats, name)[: len(payload.get(name, ()))]
 
 
 def _hit_rate(hits: float, misses: float) -> float | None:
@@ -130,12 +144,24 @@ class ChunkCachePromMetrics(KVConnectorPromMetrics):
             )
             for name, doc in GAUGES.items()
         }
+        self.histograms = {
+            name: create_metric_per_engine(
+                self._histogram_cls(
+                    name=PREFIX + name, documentation=doc, labelnames=labelnames, buckets=FRACTION_BUCKETS
+                ),
+                per_engine_labelvalues,
+            )
+            for name, doc in HISTOGRAMS.items()
+        }
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         increments = transfer_stats_data.get(INCREMENTS, {})
         for name, per_engine in self.counters.items():
             if (n := increments.get(name, 0)) > 0:
                 per_engine[engine_idx].inc(n)
+        for name, per_engine in self.histograms.items():
+            for value in transfer_stats_data.get(name, ()):
+                per_engine[engine_idx].observe(value)
         for name, per_engine in self.gauges.items():
             if name in transfer_stats_data:
                 per_engine[engine_idx].set(transfer_stats_data[name])
@@ -161,6 +187,7 @@ class ChunkCacheMetrics:
     external_load_tokens: int
     selections: int
     selected_tokens: int
+    cover_fallbacks: int
     batched_runs: int
     host_hits: int
     host_hit_tokens: int

@@ -42,6 +42,11 @@ def test_valid_values_are_parsed():
     assert on.recovery == Recovery(docs=3) and "recovery=last:3" in on.describe()
     select = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.2/8"})
     assert select.recovery == Recovery(select=0.2, runs=8) and "recovery=qattn:0.2/8" in select.describe()
+    cover = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "cover:0.9/0.15"})
+    assert (
+        cover.recovery == Recovery(select=0.15, runs=16, cover=0.9)
+        and "recovery=cover:0.9/0.15" in cover.describe()
+    )
     assert "pool=auto" in on.describe() and "pool=0.5 GiB" in ChunkCacheConfig(size_gb=0.5).describe()
     assert ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_SIZE_GB": " "}).size_gb is None  # blank: unset
 
@@ -58,7 +63,7 @@ def test_valid_values_are_parsed():
         ("VLLM_CHUNK_CACHE_HASH_ALGORITHM", "md5", "sha256, xxhash"),
         ("VLLM_CHUNK_DELIMITER", "   ", "not blank"),
         ("VLLM_CHUNK_CACHE_LAYOUT", "interleaved", "overlap, sequential"),
-        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last (= last:1), last:K with K >= 1, or qattn:R"),
+        ("VLLM_CHUNK_CACHE_RECOVERY", "suffix", "none, last (= last:1), last:K with K >= 1, qattn:R"),
         ("VLLM_CHUNK_CACHE_RECOVERY", "last:0", "last:K with K >= 1"),
         ("VLLM_CHUNK_CACHE_RECOVERY", "last:-1", "last:K with K >= 1"),
         ("VLLM_CHUNK_CACHE_REMOTE_MASTER", "127.0.0.1:99999", "port 1-65535"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ascend_chunk.config import SELECT_RUNS, Recovery, recovery_of
+from vllm_ascend_chunk.config import COVER_CEILING, SELECT_RUNS, Recovery, recovery_of
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.metadata import ChunkSpans
@@ -39,10 +39,24 @@ def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
     assert requested(Params({"chunk_cache_recovery": "last:2"})) == Recovery(docs=2)
     assert requested(Params({"chunk_cache_recovery": "QATTN:0.15/4"})) == Recovery(select=0.15, runs=4)
     assert requested(Params({"chunk_cache_recovery": "qattn:1"})) == Recovery(select=1.0, runs=SELECT_RUNS)
+    server_mode("cover:0.8")
+    assert requested(Params()) == Recovery(select=COVER_CEILING, runs=SELECT_RUNS, cover=0.8)
+    cover = Recovery(select=0.3, runs=SELECT_RUNS, cover=0.9, floor=0.05)
+    assert requested(Params({"chunk_cache_recovery": "Cover:0.9/0.3/0.05"})) == cover
+    assert requested(Params({"chunk_cache_recovery": "cover:1/0"})).select == 0.0  # no ceiling: C_1 or all
 
 
 def test_mode_names_round_trip():
-    for name in ("none", "last", "last:3", "qattn:0.2", "qattn:0.1/4"):
+    for name in (
+        "none",
+        "last",
+        "last:3",
+        "qattn:0.2",
+        "qattn:0.1/4",
+        "cover:0.8",
+        "cover:0.8/0.3",
+        "cover:0.8/0.3/0.1",
+    ):
         assert recovery_of(name).name == name
 
 
@@ -66,6 +80,17 @@ BAD = [
     "qattn:0.2/",
     "qattn:0.2/x",
     "qattn:0.2/257",
+    "cover",
+    "cover:",
+    "cover:0",
+    "cover:1.1",
+    "cover:0.8/1.5",
+    "cover:0.8/0.1/0.2",  # floor above the ceiling
+    "cover:0.8/0.2/-0.1",
+    "cover:0.8/0.2/0.1/4",
+    "cover:0.8/",
+    "cover:nan",
+    "cover:inf",
 ]
 
 
@@ -83,3 +108,13 @@ def test_the_last_documents_join_the_question():
     assert recovery.apply(spans, 5) == ChunkSpans(sys_len=4, chunk_lens=[], question_len=21)
     none = ChunkSpans(sys_len=4, chunk_lens=[], question_len=3)
     assert recovery.apply(none, 1) == none
+
+
+def test_a_cover_question_that_cannot_be_scored_is_served_with_every_document():
+    """A one-token question: no scoring pass; every document after the first joins the question
+    (full attention of the plain prompt); otherwise the spans stay."""
+    cover = recovery_of("cover:0.8")
+    spans = ChunkSpans(sys_len=4, chunk_lens=[5, 6, 7], question_len=1)
+    assert recovery.joined_docs(cover, spans) == 2 and recovery.joined_docs(recovery_of("last:1"), spans) == 1
+    assert recovery.joined_docs(cover, ChunkSpans(sys_len=4, chunk_lens=[5, 6, 7], question_len=2)) == 0
+    assert recovery.joined_docs(cover, ChunkSpans(sys_len=4, chunk_lens=[], question_len=1)) == 0

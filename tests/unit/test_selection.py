@@ -23,8 +23,16 @@ from tests.unit.test_coordinator import (
     user_request,
 )
 from vllm_ascend_chunk.metadata import ChunkSpans
+from vllm_ascend_chunk.metrics import forget_delivered, stats_payload
 from vllm_ascend_chunk.paging import slot_of
-from vllm_ascend_chunk.scheduler.selection import Phase, Selection, cut_runs, select_windows
+from vllm_ascend_chunk.scheduler.selection import (
+    Cover,
+    Phase,
+    Selection,
+    cover_windows,
+    cut_runs,
+    select_windows,
+)
 from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.scoring import region_weights
 
@@ -42,6 +50,45 @@ def test_window_ties_and_short_last_window():
     assert select_windows([0.0] * 10, 3, 4, 2) == [(3, 7)]  # ties: the earliest windows
     assert select_windows([0, 0, 0, 0, 0, 0, 0, 1.0], 2, 5, 2) == [(2, 8)]  # windows of 3: 2-5, 5-8
     assert select_windows([0, 0, 1.0, 0, 0, 0, 0, 3.0], 1, 3, 3) == [(1, 3), (7, 8)]
+
+
+COVER_SCORES = [1.0] * 4 + [0, 0, 4, 4, 0, 0, 2, 2, 1, 1, 0, 0]
+"""C_1 (offsets 0-3) holds 4 of 18; windows of 2 from offset 4 sum 0, 8, 0, 4, 2, 0."""
+
+
+@pytest.mark.parametrize(
+    "target, runs, coverage",
+    [
+        (0.2, [], 4 / 18),  # C_1, exact already, covers it: nothing recomputed
+        (0.5, [(6, 8)], 12 / 18),  # 4 + 8 >= 9: one window
+        (0.8, [(6, 8), (10, 12)], 16 / 18),
+        (0.95, [(6, 8), (10, 14)], 1.0),  # every window the ceiling allows, merged where adjacent
+    ],
+)
+def test_cover_takes_the_fewest_best_windows_that_reach_the_target(target, runs, coverage):
+    got = cover_windows(COVER_SCORES, 4, target, 0, 6, 3)  # ceiling 6 in 3 runs: 3 windows of 2
+    assert got == Cover(runs, pytest.approx(coverage), False)
+    assert select_windows(COVER_SCORES, 4, 6, 3) == [(6, 8), (10, 14)]  # the same ranking: qattn's
+
+
+def test_cover_floor_and_ceiling():
+    # The floor: at least ceil(3 / 2) = 2 windows, however little the target asks.
+    assert cover_windows(COVER_SCORES, 4, 0.2, 3, 6, 3) == Cover(
+        [(6, 8), (10, 12)], pytest.approx(16 / 18), False
+    )
+    # The ceiling, 4 tokens (2 windows of 2), reaches 16 of 18: below 0.95, the region after C_1 whole.
+    assert cover_windows(COVER_SCORES, 4, 0.95, 0, 4, 2) == Cover([(4, 16)], pytest.approx(16 / 18), True)
+    assert cover_windows(COVER_SCORES, 4, 1.0, 0, 6, 3).fallback is False  # exactly the whole mass
+    # No ceiling: C_1 alone decides.
+    assert cover_windows(COVER_SCORES, 4, 0.2, 0, 0, 16) == Cover([], pytest.approx(4 / 18), False)
+    assert cover_windows(COVER_SCORES, 4, 0.5, 0, 0, 16) == Cover([(4, 16)], pytest.approx(4 / 18), True)
+
+
+def test_cover_ties_and_a_region_without_attention():
+    flat = [0.0] * 4 + [1.0] * 8
+    assert cover_windows(flat, 4, 0.5, 0, 4, 2) == Cover([(4, 8)], 0.5, False)  # ties: the earliest
+    assert cover_windows([0.0] * 12, 4, 1.0, 0, 4, 2) == Cover([], 1.0, False)  # nothing to cover
+    assert cover_windows([1.0] * 4, 4, 1.0, 0, 0, 16) == Cover([], 1.0, False)  # one document
 
 
 def test_runs_are_cut_only_inside():
@@ -114,6 +161,37 @@ def test_an_unscored_piece_serves_plain_reuse():
     assert sel.phase is Phase.DONE and sel.reposition(21) is None and sel.cap(21, 1) == 1
 
 
+def scored_cover(fraction: float, target: float, scores: list[float] | None) -> Selection:
+    """A `cover` selection of SPANS (region 15, C_1 4) after its one scoring piece."""
+    sel = Selection.for_spans(SPANS, fraction, 2, target=target)
+    sel.scheduled(18, 3)
+    sel.reported(scores)
+    return sel
+
+
+def test_the_passes_of_a_cover_request():
+    scores = [0.0] * 15
+    scores[9] = 1.0  # ceiling round(0.4 * 15) = 6 in windows of 3 from offset 4: [7, 10) covers all
+    sel = scored_cover(0.4, 0.9, scores)
+    assert sel.spans == [(3 + 7, 3 + 10), (18, 22)] and sel.cover.coverage == 1.0 and not sel.fell_back
+    sel = scored_cover(0.4, 0.9, [1.0] * 15)  # 4 + 6 of 15 at the ceiling: the guard
+    assert sel.spans == [(3 + 4, 3 + 15), (18, 22)] and sel.fell_back
+    assert sel.cover.coverage == pytest.approx(10 / 15) and sel.recomputed == 11
+    sel = scored_cover(0.4, 0.25, [1.0] * 15)  # C_1 covers 4 of 15: plain reuse, scores kept
+    assert sel.phase is Phase.DONE and sel.spans == [] and not sel.fell_back
+    assert sel.cover.coverage == pytest.approx(4 / 15) and sel.reposition(21) is None
+
+
+def test_an_unscored_cover_request_computes_every_document():
+    sel = scored_cover(0.4, 0.5, None)
+    assert sel.fell_back and sel.cover is None and sel.spans == [(7, 18), (18, 22)]
+    sel = Selection.for_spans(SPANS, 0.0, 16, target=0.5)  # no ceiling: still scored, may fall back
+    assert sel is not None and sel.count == 0
+    assert Selection.for_spans(msgspec.structs.replace(SPANS, chunk_lens=[9]), 0.5, 4, target=0.5) is None
+    assert Selection.for_spans(msgspec.structs.replace(SPANS, question_len=1), 0.5, 4, target=0.5) is None
+    assert Selection.for_spans(SPANS, 1.0, 4, target=0.5, floor=0.1).floor == 2  # round(1.5)
+
+
 def test_restart_after_preemption():
     sel = Selection.for_spans(SPANS, 0.3, 2)
     sel.scheduled(18, 3)
@@ -123,10 +201,12 @@ def test_restart_after_preemption():
     assert (sel.phase, sel.scores, sel.pending, sel.spans, sel.cursor) == (Phase.SCORING, [], 0, [], -1)
 
 
-def qattn_request(rid: str, mode: str = "0.5/2", question_len: int = 3):
+def qattn_request(rid: str, mode: str = "0.5/2", question_len: int = 3, cover: float = 0.0):
     request = user_request(rid, [b"d0", b"d1", b"d2"], sys_len=2, question_len=question_len)  # 2 + 3+4+5 + Q
     fraction, runs = mode.split("/")
-    info = msgspec.structs.replace(request.chunk_cache, select=float(fraction), select_runs=int(runs))
+    info = msgspec.structs.replace(
+        request.chunk_cache, select=float(fraction), select_runs=int(runs), cover=cover
+    )
     request.chunk_cache = info
     return request
 
@@ -173,6 +253,44 @@ def test_the_coordinator_drives_the_passes():
     assert request.num_computed_tokens == 14 and coord.token_cap(request, 100, 14) == 100
     coord.on_preempted(request)
     assert coord.users["q"].selection.phase is Phase.SCORING
+
+
+def score_one(coord, request, scores: list[float]) -> None:
+    """Load `request`, schedule its scoring piece [14, 16) and report `scores`."""
+    blocks = blocks_for(request)
+    coord.update_state_after_alloc(request, blocks, 14)
+    request.num_computed_tokens = 14
+    coord.build_connector_meta(
+        FakeOutput({request.request_id: 2}, [FakeNewRequest(request.request_id, (blocks.ids,))])
+    )
+    request.num_computed_tokens = 16
+    coord.update_connector_output(ChunkCacheWorkerMetadata(scores={request.request_id: scores}))
+
+
+def test_the_coordinator_counts_coverage_and_fallbacks():
+    """Region 12 tokens, C_1 3, ceiling round(0.25 * 12) = 3 windows of 1: the first request's
+    best two cover 9 of 10; the second's three cover 6 of 12 (< 0.9): every document computed."""
+    coord = coordinator(num_pages=16)
+    covered, guarded = qattn_request("c", "0.25/16", cover=0.9), qattn_request("g", "0.25/16", cover=0.9)
+    for request in (covered, guarded):
+        coord.on_new_request(request)
+        assert request.skip_reading_prefix_cache and coord.private(request.request_id)
+    make_resident(coord)
+    scores = [0.0] * 12
+    scores[0], scores[5], scores[8] = 1.0, 5.0, 4.0
+    score_one(coord, covered, scores)
+    score_one(coord, guarded, [1.0] * 12)
+    assert coord.users["c"].selection.spans == [(7, 8), (10, 11), (14, 17)]
+    assert coord.users["g"].selection.spans == [(5, 14), (14, 17)]
+    stats = coord.manager.stats
+    assert (stats.coverage, stats.cover_fallbacks) == ([1.0, 0.5], 1)
+    coord.reposition([covered, guarded])
+    assert (stats.selections, stats.selected_tokens) == (2, 2 + 9)
+    payload = stats_payload(coord.manager)
+    assert payload["coverage"] == [1.0, 0.5] and payload["increments"]["cover_fallbacks"] == 1
+    stats.coverage.append(0.7)  # observed after the payload was made: sent with the next one
+    forget_delivered(coord.manager, payload)
+    assert stats.coverage == [0.7]
 
 
 def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_env):

@@ -40,9 +40,11 @@ def with_keys(
     select: float = 0.0,
     select_runs: int = 0,
     recovered: int = 0,
+    cover: float = 0.0,
+    cover_floor: float = 0.0,
 ) -> ChunkCacheInfo:
     """`spans` with the keys of SYS and of every chunk (and a recovery mode: `qattn`'s selection,
-    the number of documents `last:K` joined to the question)."""
+    `cover`'s target and floor, the number of documents `last:K` joined to the question)."""
     ids = list(token_ids)
     sys_hash = hasher((NAMESPACE, *identity, ids[: spans.sys_len]))
     chunk_hashes = [hasher((sys_hash, ids[slice(*spans.chunk_span(i))])) for i in range(spans.num_chunks)]
@@ -53,6 +55,8 @@ def with_keys(
         select=select,
         select_runs=select_runs,
         recovered=recovered,
+        cover=cover,
+        cover_floor=cover_floor,
     )
 
 
@@ -129,10 +133,12 @@ def chunk_cache_info(
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
     check_num_docs(spans.num_chunks, get_config().max_docs)
-    served = recovery.apply(spans, mode.docs)
+    served = recovery.apply(spans, recovery.joined_docs(mode, spans))
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     recovered = spans.num_chunks - served.num_chunks
-    info = with_keys(served, token_ids, identity, hash_fn(), mode.select, mode.runs, recovered)
+    info = with_keys(
+        served, token_ids, identity, hash_fn(), mode.select, mode.runs, recovered, mode.cover, mode.floor
+    )
     check_fits(info, pool_geometry(vllm_config), get_config().max_request_tokens)
     return info
 

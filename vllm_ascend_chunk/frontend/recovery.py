@@ -11,6 +11,10 @@ documents (all of them when a request has fewer: an ordinary causal prompt after
 
 `qattn:R[/M]`: the spans stay; the request's `ChunkCacheInfo` carries the fraction and the runs,
 and the scheduler recomputes the selected tokens in place (`scheduler/selection.py`).
+`cover:TAU[/RMAX[/RMIN]]`: the same, the windows chosen by the attention they cover, or every
+document recomputed (the guard). A one-token question cannot be scored: such a request is served
+with every document after the first joined to the question (`last:K`, K = n - 1), which is full
+attention of the plain prompt.
 
 The mode is the server's `VLLM_CHUNK_CACHE_RECOVERY`, or per request `chunk_cache_recovery` in
 `vllm_xargs` (OpenAI server) or `SamplingParams.extra_args` (offline).
@@ -39,6 +43,14 @@ def requested_recovery(params: object) -> Recovery:
     if mode is None:
         raise ChunkPromptError(f"'{RECOVERY_KEY}' must be {RECOVERY_ACCEPTED}; got {value!r}")
     return mode
+
+
+def joined_docs(mode: Recovery, spans: ChunkSpans) -> int:
+    """How many of the last documents join the question: `last:K`'s K, or for `cover` with a
+    question that cannot be scored (one token) every document after the first."""
+    if mode.cover and spans.question_len < 2:
+        return max(spans.num_chunks - 1, 0)
+    return mode.docs
 
 
 def apply(spans: ChunkSpans, recovery_docs: int) -> ChunkSpans:

@@ -54,7 +54,7 @@ from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
-from vllm_ascend_chunk.scheduler.selection import Selection
+from vllm_ascend_chunk.scheduler.selection import Phase, Selection
 from vllm_ascend_chunk.step import (
     ChunkCacheStepMetadata,
     ChunkCacheWorkerMetadata,
@@ -316,10 +316,11 @@ class ChunkCacheCoordinator:
             request.skip_reading_prefix_cache = True
 
     def _selection(self, info: ChunkCacheInfo) -> Selection | None:
-        """The `qattn` passes of a request, if it recomputes anything in place."""
-        if not info.select:
+        """The `qattn` (or `cover`) passes of a request, if it may recompute anything in place."""
+        if not (info.select or info.cover):
             return None
-        return Selection.for_spans(info, info.select, info.select_runs, self.layout.shift_bounds(info))
+        cuts = self.layout.shift_bounds(info)
+        return Selection.for_spans(info, info.select, info.select_runs, cuts, info.cover, info.cover_floor)
 
     def owns(self, request: Request) -> bool:
         """A chunk-path request (registered) or a chunk prefill."""
@@ -525,7 +526,17 @@ class ChunkCacheCoordinator:
             if user is not None and user.selection is not None and user.selection.pending:
                 user.selection.reported(scores)
                 if scores is None:
-                    logger.warning("Chunk Cache: %s could not be scored; served without recompute", rid)
+                    served = "every document computed" if user.selection.target else "without recompute"
+                    logger.warning("Chunk Cache: %s could not be scored; served with %s", rid, served)
+                if user.selection.phase is not Phase.AWAITING:
+                    self._count_cover(user.selection)
+
+    def _count_cover(self, selection: Selection) -> None:
+        """A request's selection was just made: a `cover` request's coverage and fallback."""
+        stats = self.manager.stats
+        if selection.cover is not None:
+            stats.coverage.append(selection.cover.coverage)
+        stats.cover_fallbacks += selection.fell_back
 
     def load_elsewhere(self, request: Request, num_tokens: int) -> None:
         """Another connector loads R's first `num_tokens` tokens, its chunk region included (the

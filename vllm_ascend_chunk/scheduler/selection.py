@@ -50,22 +50,66 @@ class Phase(enum.Enum):
     """Ordinary from here (the question's last pass, then decoding)."""
 
 
-def select_windows(scores: list[float], first: int, count: int, runs: int) -> list[tuple[int, int]]:
-    """Region offsets `[start, end)` of the runs to recompute: windows of `ceil(count / runs)`
-    tokens from offset `first` on, the `ceil(count / width)` best by summed score (ties: the
-    earlier), adjacent ones merged, in prompt order."""
-    width = -(-count // runs)
-    starts = range(first, len(scores), width)
-    sums = [math.fsum(scores[s : s + width]) for s in starts]
-    best = sorted(sorted(range(len(starts)), key=lambda i: (-sums[i], i))[: -(-count // width)])
+def ranked_windows(scores: list[float], first: int, width: int) -> list[tuple[int, int, float]]:
+    """Windows `(start, end, summed score)` of `width` tokens from offset `first` on (the last one
+    may be shorter), the best sum first (ties: the earlier)."""
+    windows = [(s, min(s + width, len(scores))) for s in range(first, len(scores), width)]
+    summed = [(start, end, math.fsum(scores[start:end])) for start, end in windows]
+    return sorted(summed, key=lambda w: (-w[2], w[0]))
+
+
+def merge_windows(windows: list[tuple[int, int, float]]) -> list[tuple[int, int]]:
+    """The spans `[start, end)` of `windows`, in prompt order, adjacent ones merged."""
     merged: list[tuple[int, int]] = []
-    for i in best:
-        start, end = starts[i], min(starts[i] + width, len(scores))
+    for start, end, _ in sorted(windows):
         if merged and merged[-1][1] == start:
             merged[-1] = (merged[-1][0], end)
         else:
             merged.append((start, end))
     return merged
+
+
+def select_windows(scores: list[float], first: int, count: int, runs: int) -> list[tuple[int, int]]:
+    """Region offsets `[start, end)` of the runs to recompute: windows of `ceil(count / runs)`
+    tokens from offset `first` on, the `ceil(count / width)` best by summed score (ties: the
+    earlier), adjacent ones merged, in prompt order."""
+    width = -(-count // runs)
+    return merge_windows(ranked_windows(scores, first, width)[: -(-count // width)])
+
+
+@dataclass(frozen=True)
+class Cover:
+    """What a `cover` request recomputes (`cover_windows`)."""
+
+    runs: list[tuple[int, int]]
+    """Region offsets `[start, end)` recomputed, in prompt order."""
+    coverage: float
+    """The share of the question's attention over the region on exact tokens: the first
+    document's and the recomputed windows' (at the ceiling, when it falls back)."""
+    fallback: bool
+    """The ceiling did not reach the target: every token after the first document is recomputed."""
+
+
+def cover_windows(
+    scores: list[float], first: int, target: float, floor: int, ceiling: int, runs: int
+) -> Cover:
+    """The fewest of the windows `select_windows(scores, first, ceiling, runs)` would rank (the
+    best first), at least `ceil(floor / width)` of them, whose summed score with the first
+    document's (offsets before `first`: already exact) covers `target` of the whole region's;
+    where all `ceil(ceiling / width)` do not, the region after `first` whole (the guard). A region
+    the question gives no weight is covered."""
+    total = math.fsum(scores)
+    covered = math.fsum(scores[:first])
+    width = -(-ceiling // runs) if ceiling else 1
+    ranked = ranked_windows(scores, first, width)[: -(-ceiling // width)]
+    least = -(-floor // width)
+    for taken in range(len(ranked) + 1):
+        if taken >= least and covered >= target * total:
+            return Cover(merge_windows(ranked[:taken]), covered / total if total > 0 else 1.0, False)
+        if taken < len(ranked):
+            covered += ranked[taken][2]
+    whole = [(first, len(scores))] if first < len(scores) else []
+    return Cover(whole, covered / total, True)
 
 
 def cut_runs(runs: list[tuple[int, int]], cuts: list[int]) -> list[tuple[int, int]]:
@@ -93,6 +137,13 @@ class Selection:
     max_runs: int
     cuts: list[int] = field(default_factory=list)
     """Region offsets no computed span crosses (`Layout.shift_bounds`)."""
+    target: float = 0.0
+    """`cover`: the share of the question's attention the runs must cover (0: `qattn`); `count`
+    is then the ceiling."""
+    floor: int = 0
+    """`cover`: region tokens recomputed at least (before rounding up to whole windows)."""
+    cover: Cover | None = None
+    """`cover`: what was chosen (None until selected, or unscored)."""
     phase: Phase = Phase.SCORING
     scores: list[float] = field(default_factory=list)
     pending: int = 0
@@ -108,15 +159,33 @@ class Selection:
 
     @classmethod
     def for_spans(
-        cls, spans: ChunkSpans, fraction: float, max_runs: int, cuts: list[int] | None = None
+        cls,
+        spans: ChunkSpans,
+        fraction: float,
+        max_runs: int,
+        cuts: list[int] | None = None,
+        target: float = 0.0,
+        floor: float = 0.0,
     ) -> Selection | None:
-        """The passes of a request with these spans, or None if it recomputes nothing."""
+        """The passes of a request with these spans (`qattn:fraction/max_runs`, or with `target`
+        `cover:target/fraction/floor`), or None if it recomputes nothing."""
         region = sum(spans.chunk_lens)
         first = spans.chunk_lens[0] if spans.chunk_lens else 0
         count = min(round(fraction * region), region - first)
-        if count <= 0 or spans.question_len < 2:
+        if (count <= 0 and not (target and region > first)) or spans.question_len < 2:
             return None
-        return cls(spans.sys_len, spans.question_start, spans.num_tokens, count, first, max_runs, cuts or [])
+        least = min(round(floor * region), count)
+        return cls(
+            spans.sys_len,
+            spans.question_start,
+            spans.num_tokens,
+            count,
+            first,
+            max_runs,
+            cuts or [],
+            target,
+            least,
+        )
 
     @property
     def score_end(self) -> int:
@@ -130,7 +199,7 @@ class Selection:
     def restart(self) -> None:
         """The request lost its blocks (preempted): everything starts again with its next load."""
         self.phase, self.scores, self.pending, self.failed = Phase.SCORING, [], 0, False
-        self.spans, self.cursor, self.taken = [], -1, -1
+        self.spans, self.cursor, self.taken, self.cover = [], -1, -1, None
 
     def cap(self, num_computed: int, num_new: int) -> int:
         """Tokens the request may compute from `num_computed` on (`num_new` asked)."""
@@ -163,11 +232,28 @@ class Selection:
         if self.phase is Phase.AWAITING and self.pending == 0:
             self._select()
 
-    def _select(self) -> None:
+    @property
+    def fell_back(self) -> bool:
+        """A `cover` request whose runs are the region after C_1 whole (the guard)."""
+        return bool(self.target) and self.phase is not Phase.SCORING and (self.failed or self.cover.fallback)
+
+    def _runs(self) -> list[tuple[int, int]]:
+        """Region offsets of the runs: `qattn`'s windows, or `cover`'s (the region after C_1 whole
+        when unscored)."""
+        if not self.target:
+            return select_windows(self.scores, self.first, self.count, self.max_runs)
         if self.failed:
+            return [(self.first, self.question_start - self.sys_len)]
+        self.cover = cover_windows(
+            self.scores, self.first, self.target, self.floor, self.count, self.max_runs
+        )
+        return self.cover.runs
+
+    def _select(self) -> None:
+        runs = [] if self.failed and not self.target else self._runs()
+        if not runs:
             self.phase = Phase.DONE  # plain reuse: the scoring pass's K/V stands
             return
-        runs = select_windows(self.scores, self.first, self.count, self.max_runs)
         self.spans = [(self.sys_len + a, self.sys_len + b) for a, b in cut_runs(runs, self.cuts)]
         self.spans.append((self.question_start, self.num_tokens))
         self.phase = Phase.RUNS

@@ -22,10 +22,18 @@ def _counter(doc: str) -> int:
     return field(default=0, metadata={"doc": doc})
 
 
+def _observations(doc: str) -> list[float]:
+    """A `ChunkCacheStats` histogram: the values observed and not yet delivered to a frontend
+    (`metrics.stats_payload`); `doc` is also its Prometheus help text."""
+    return field(default_factory=list, metadata={"histogram": doc})
+
+
 @dataclass
 class ChunkCacheStats:
-    """Running totals since the engine started. Every field is a counter that the stats log,
-    Prometheus (`vllm:chunk_cache_<field>_total`) and the Python API report (`metrics`)."""
+    """Running totals since the engine started. Every field but the histograms is a counter that
+    the stats log, Prometheus (`vllm:chunk_cache_<field>_total`) and the Python API report
+    (`metrics`); a histogram (`vllm:chunk_cache_<field>`) holds its observations until a frontend
+    receives them."""
 
     hits: int = _counter("Chunk occurrences found resident in the device pool when a request was planned.")
     misses: int = _counter(
@@ -44,6 +52,10 @@ class ChunkCacheStats:
         "Requests (`qattn` recovery) that recomputed the document tokens their question chose."
     )
     selected_tokens: int = _counter("Document tokens those requests recomputed in place.")
+    cover_fallbacks: int = _counter(
+        "Requests (`cover` recovery) served with every document computed: their ceiling did not "
+        "reach the coverage they asked for, or they could not be scored."
+    )
     batched_runs: int = _counter(
         "Runs of those requests computed in the forward of an earlier run of theirs (a batch row each)."
     )
@@ -67,6 +79,11 @@ class ChunkCacheStats:
         "forged or altered (every worker)."
     )
     remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
+    coverage: list[float] = _observations(
+        "Per scored `cover` request: the fraction of its question's attention over the documents "
+        "that falls on exact tokens (the first document and the windows it recomputes; at the "
+        "ceiling when it falls back)."
+    )
 
     def sum_remote_counters(self, workers: Collection[Mapping[str, int]]) -> None:
         """Set the remote counters to their totals over the workers' latest `RemoteStore.stats`."""
