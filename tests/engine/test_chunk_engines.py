@@ -172,6 +172,51 @@ def test_qattn_recomputes_the_question_chosen_tokens_in_place(models_dir: Path, 
     assert (states[1]["batched_runs"] > 0) == (budget > 32), states[1]
 
 
+@pytest.mark.parametrize("layout", ["sequential", "overlap"])
+def test_cover_recomputes_what_covers_the_question_s_attention_or_every_document(
+    models_dir: Path, layout: str
+):
+    """`VLLM_CHUNK_CACHE_RECOVERY=cover:0.5/0.3`: each request scores its documents as `qattn`
+    does and recomputes the fewest windows that cover half of its question's attention over them
+    (C_1's share counts: it is exact); `cover:0.8/0.2`, asked per request, is out of reach of its
+    ceiling on both prompts, which are served with every document after C_1 recomputed (the
+    guard); `cover:0.3`: C_1 alone covers the second prompt (plain reuse), a few windows the
+    first. Answers equal the HF reference's `cover` plan in the layout, with a 32-token step
+    budget that splits the scoring pass and the runs into pieces."""
+    docs = [cc.document(700 + i, 50 + 25 * i) for i in range(4)]
+    prompts = [
+        cc.chunked(cc.SYS, docs[:3], "What is first in these documents?"),
+        cc.chunked(cc.SYS, [docs[3], docs[0], docs[2], docs[1]], "And which one is the longest?"),
+    ]
+    modes = ["cover:0.5/0.3", "cover:0.8/0.2", "cover:0.3"]
+    rounds = [
+        {"prompts": prompts},
+        {"prompts": prompts, "batch": True, "extra_args": {"chunk_cache_recovery": modes[1]}},
+        {"prompts": prompts, "extra_args": {"chunk_cache_recovery": modes[2]}},
+    ]
+    env = {"VLLM_CHUNK_CACHE_RECOVERY": modes[0], "VLLM_CHUNK_CACHE_LAYOUT": layout}
+    engine = {"disable_log_stats": False, "max_num_batched_tokens": 32, "max_num_seqs": 4}
+    result = run_engine(models_dir / "tiny-llama", rounds, engine, env=env)
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    selected, selections, fallbacks = [], [], []
+    for mode, res in zip(modes, result["rounds"], strict=True):
+        for prompt, got in zip(prompts, res, strict=True):
+            assert "error" not in got, got
+            exp, ref, compute = cc.qattn_reference(model, raw_tok, prompt, len(got["tokens"]), mode, layout)
+            assert got["prompt_ids"] == exp.token_ids
+            assert got["tokens"] == ref.tokens, f"{mode}: tokens differ"
+            assert abs(got["logprobs"][0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
+            selected.append(len(compute))
+            fallbacks.append(len(compute) == sum(exp.chunk_lens[1:]))
+        selections.append(sum(n > 0 for n in selected))
+    assert fallbacks == [False, False, True, True, False, False]
+    assert selected[4] > 0 and selected[5] == 0  # C_1 covers the second prompt
+    states = result["states"]
+    assert [s["selections"] for s in states] == selections
+    assert [s["cover_fallbacks"] for s in states] == [0, 2, 2]
+    assert states[-1]["selected_tokens"] == sum(selected)
+
+
 def test_ngram_speculation_with_chunked_prompts(models_dir: Path):
     """n-gram speculative decoding (drafts from the request's own tokens, no draft layers): chunked
     prompts cold, warm and reordered, answers as the HF reference, with drafts accepted."""

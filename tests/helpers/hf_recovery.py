@@ -53,6 +53,11 @@ Budgeted forms (issue 25; `r` = the fraction of region tokens computed, `round(r
   - `,grow`: windows sized by score mass instead of fixed width: tokens are added one at a time,
     each the highest-scoring token next to a chosen run or, while fewer than `m` runs exist, any
     token (ties: the earlier), until the count is reached (at most `m` runs, merged when they touch).
+- `cover:t[/rmax[/rmin]]` (issue 35, item 2; the engine's `cover:TAU`): the windows of
+  `qattn:rmax/16` (rmax default 0.2, rmin 0), ranked as there; the fewest best of them, at least
+  `ceil(round(rmin * region) / w)`, such that C_1's score (C_1 is exact already) and theirs reach
+  `t` of the whole region's (`cover_choice`); where all of them do not, every token after C_1 is
+  computed (the guard). A region with no score is covered.
 - `epicr:r`: EPIC with k chosen to hit the budget: the first `k = round(r * region / (n - 1))`
   tokens of every chunk but the first (capped at the chunk's length; `r >= 1`: every chunk whole).
 - `suffix:last:m`: the whole last `m` chunks (`suffix:last:1` = `suffix:last`).
@@ -205,6 +210,10 @@ def recompute_set(
             raise ValueError("blend needs the per-token key deviation")
         count = round(float(arg) * region)
         return set(torch.topk(deviation, count).indices.tolist()) if count else set()
+    if name == "cover":
+        if attention is None:
+            raise ValueError("cover needs the question's attention over the region")
+        return cover_choice(attention, chunk_lens, arg)[0]
     if name == "qattn":
         if attention is None:
             raise ValueError("qattn needs the question's attention over the region")
@@ -245,6 +254,32 @@ def _top_windows(
         order = [*best_each, *(i for i in order if i not in best_each)]
     best = order[: -(-count // width)]
     return {t for i in best for t in range(starts[i], min(starts[i] + width, len(scores)))}
+
+
+def cover_choice(attention: torch.Tensor, chunk_lens: list[int], arg: str) -> tuple[set[int], float, bool]:
+    """`cover:t[/rmax[/rmin]]` (`arg` after the colon): the region offsets computed, the coverage
+    (C_1's score and the computed windows' over the region's; at the ceiling when it falls back)
+    and whether it falls back to every token after C_1."""
+    values = [float(x) for x in arg.split("/")]
+    target, rmax, rmin = [*values, 0.2, 0.0][:3] if len(values) == 1 else [*values, 0.0][:3]
+    scores = attention.double()
+    region, first = len(scores), chunk_lens[0]
+    ceiling = min(round(rmax * region), region - first)
+    floor = min(round(rmin * region), ceiling)
+    total = math.fsum(scores.tolist())
+    width = math.ceil(ceiling / 16) if ceiling else 1
+    starts = list(range(first, region, width))
+    sums = [float(scores[s : s + width].sum()) for s in starts]
+    ranked = sorted(range(len(starts)), key=lambda i: (-sums[i], i))[: math.ceil(ceiling / width)]
+    picked = [set(range(starts[i], min(starts[i] + width, region))) for i in ranked]
+    covered = [
+        math.fsum(scores[:first].tolist() + scores[sorted(set().union(*picked[:k]))].tolist())
+        for k in range(len(picked) + 1)
+    ]
+    for k in range(math.ceil(floor / width), len(covered)):
+        if covered[k] >= target * total:
+            return set().union(*picked[:k]), covered[k] / total if total > 0 else 1.0, False
+    return set(range(first, region)), covered[-1] / total, True
 
 
 def _grown_runs(scores: torch.Tensor, first: int, count: int, runs: int) -> set[int]:

@@ -99,15 +99,16 @@ def cover_windows(
     where all `ceil(ceiling / width)` do not, the region after `first` whole (the guard). A region
     the question gives no weight is covered."""
     total = math.fsum(scores)
-    covered = math.fsum(scores[:first])
     width = -(-ceiling // runs) if ceiling else 1
     ranked = ranked_windows(scores, first, width)[: -(-ceiling // width)]
     least = -(-floor // width)
+    exact = scores[:first]  # summed whole each time: every token covered sums to `total` exactly
     for taken in range(len(ranked) + 1):
+        covered = math.fsum(exact)
         if taken >= least and covered >= target * total:
             return Cover(merge_windows(ranked[:taken]), covered / total if total > 0 else 1.0, False)
         if taken < len(ranked):
-            covered += ranked[taken][2]
+            exact = exact + scores[ranked[taken][0] : ranked[taken][1]]
     whole = [(first, len(scores))] if first < len(scores) else []
     return Cover(whole, covered / total, True)
 
