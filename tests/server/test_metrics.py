@@ -61,6 +61,17 @@ def test_prometheus_counters_add_the_increments_per_engine(prom):
     assert 'vllm:chunk_cache_hits_total{engine="0",model_name="m"} 5.0' in text
 
 
+def test_the_coverage_histogram_observes_each_payload_s_values(prom):
+    metrics, registry = prom
+    metrics.observe(payload(coverage=[0.55, 1.0], cover_fallbacks=1), 0)
+    metrics.observe(payload(coverage=[0.95]), 1)
+    text = generate_latest(registry).decode()
+    assert 'vllm:chunk_cache_coverage_bucket{engine="0",le="0.6",model_name="m"} 1.0' in text
+    assert 'vllm:chunk_cache_coverage_count{engine="0",model_name="m"} 2.0' in text
+    assert 'vllm:chunk_cache_coverage_bucket{engine="1",le="0.95",model_name="m"} 1.0' in text
+    assert scrape(registry).cover_fallbacks == 1
+
+
 def test_scrape_without_chunk_metrics_says_why():
     with pytest.raises(LookupError, match="chunk cache enabled"):
         ChunkCacheMetrics.from_prometheus_text("vllm:num_requests_running 0.0\n")

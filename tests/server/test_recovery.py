@@ -92,8 +92,9 @@ def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):
     assert again.choices[0].token_ids
 
 
-def test_the_server_serves_qattn_per_request(client, raw_tok, tiny_model):
-    mode = "qattn:0.3/4"
+@pytest.mark.parametrize("mode", ["qattn:0.3/4", "cover:0.5/0.3", "cover:0.9/0.1"])
+def test_the_server_serves_qattn_per_request(client, raw_tok, tiny_model, mode):
+    """`qattn`, and `cover` with windows or (0.9 out of reach of 0.1) every document recomputed."""
     exp, ref, compute = cc.qattn_reference(tiny_model, raw_tok, PROMPT, 6, mode)
     assert compute
     for stream in (False, True):
@@ -101,3 +102,13 @@ def test_the_server_serves_qattn_per_request(client, raw_tok, tiny_model):
         assert prompt_ids == exp.token_ids
         assert tokens == ref.tokens, f"qattn through the server (stream={stream})"
         assert abs(logprobs[0] - float(ref.first_logprobs[ref.tokens[0]])) < 2e-3
+
+
+def test_the_server_refuses_a_malformed_cover_naming_the_grammar(client):
+    import openai
+
+    for bad in ("cover:0", "cover:0.8/0.1/0.2", "cover:x"):
+        xargs = {"vllm_xargs": {"chunk_cache_recovery": bad}}
+        with pytest.raises(openai.BadRequestError, match=r"cover:TAU\[/RMAX\[/RMIN\]\]") as err:
+            client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2, extra_body=xargs)
+        assert err.value.status_code == 400
