@@ -98,6 +98,40 @@ attention at the middle layer), `epicr:r` (EPIC heads sized to the budget), `ape
 `curves-short` (`CURVE_CONFIGS_SHORT`): the budgets 10 and 20 % only, for long prompts."""
 
 
+COVERAGE_BUCKETS = [0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+"""Lower bounds of the coverage buckets of `by_coverage` (the last one holds coverage 1 only)."""
+
+
+def ceiling_coverage(mode: str, attention, chunk_lens: list[int]) -> tuple[float, bool] | None:
+    """A `qattn:r/m` or `cover:...` mode's coverage (`hr.cover_choice`: C_1's and the computed
+    windows' share of the question's attention over the documents; `qattn:r/16`'s windows are
+    `cover:1/r`'s at the ceiling) and whether `cover` falls back; None for other modes."""
+    from tests.helpers import hf_recovery as hr
+
+    name, _, arg = mode.partition(":")
+    if name == "qattn" and arg.endswith("/16") and "@" not in arg and "," not in arg:
+        return hr.cover_choice(attention, chunk_lens, f"1/{arg.partition('/')[0]}")[1], False
+    if name == "cover":
+        return hr.cover_choice(attention, chunk_lens, arg)[1:]
+    return None
+
+
+def by_coverage(rows: list[dict]) -> list[dict]:
+    """Agreement with full attention and gold-in-answer per coverage bucket (`COVERAGE_BUCKETS`)."""
+    table = []
+    for lo, hi in zip(COVERAGE_BUCKETS, [*COVERAGE_BUCKETS[1:], 1.0 + 1e-9], strict=True):
+        inside = [r for r in rows if lo <= r["coverage"] < hi]
+        table.append(
+            {
+                "coverage": [lo, hi if hi <= 1 else 1.0],
+                "n": len(inside),
+                "agreement": statistics.fmean(r["agree"] for r in inside) if inside else None,
+                "contains": statistics.fmean(r["contains"] for r in inside) if inside else None,
+            }
+        )
+    return table
+
+
 def summarize(rows: list[dict]) -> dict:
     def mean(key):
         return statistics.fmean(r[key] for r in rows) if rows else None
@@ -113,6 +147,11 @@ def summarize(rows: list[dict]) -> dict:
         "kl_median": statistics.median(kls) if kls else None,
         "recompute_fraction": mean("recompute"),
         "doc_recompute_fraction": mean("doc_recompute"),
+        **(
+            {"fallback_rate": mean("fallback"), "by_coverage": by_coverage(rows)}
+            if rows and "coverage" in rows[0]
+            else {}
+        ),
     }
 
 
@@ -210,8 +249,8 @@ def main() -> None:
             layout, mode = config.split("/", 1)
             if "blend" in mode and layout not in deviation:
                 deviation[layout] = hr.key_deviation(model, kv, full_keys, p.sys_len, p.chunk_lens, layout)
-            layer, drop_last = hr.qattn_layer(model, mode), "/" in mode
-            if "qattn" in mode and (layout, layer, drop_last) not in attention:
+            layer, drop_last = hr.qattn_layer(model, mode), "/" in mode or mode.startswith("cover")
+            if ("qattn" in mode or "cover" in mode) and (layout, layer, drop_last) not in attention:
                 attention[layout, layer, drop_last] = hr.question_attention(
                     model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer, drop_last
                 )
@@ -244,6 +283,9 @@ def main() -> None:
                 "recompute": out.computed / len(p.ids),
                 "doc_recompute": len(compute) / sum(p.chunk_lens),
             }
+            covered = ceiling_coverage(mode, attention.get((layout, layer, drop_last)), p.chunk_lens)
+            if covered is not None:
+                sample["configs"][config].update(coverage=covered[0], fallback=float(covered[1]))
         for row in sample["configs"].values():
             row["f1"] = qd.best(qd.f1, row["answer"], item.answers)
             row["em"] = qd.best(qd.exact_match, row["answer"], item.answers)
@@ -272,6 +314,11 @@ def main() -> None:
             f"{s['f1']:6.3f} "
             f"{s['em']:6.3f} {s['contains']:8.3f} {s['recompute_fraction']:9.3f}"
         )
+    for c in configs:
+        for row in summary[c].get("by_coverage", []):
+            lo, hi = row["coverage"]
+            agree = "-" if row["agreement"] is None else f"{row['agreement']:.2f}"
+            print(f"{c:28s} coverage [{lo:.1f}, {hi:.1f}) n={row['n']:3d} agree={agree}")
     print(f"wrote {args.out}")
 
 

@@ -28,6 +28,11 @@ paged attention, no other kernel):
 Nothing is recomputed (the request is served as plain reuse, the scoring pass's K/V kept and only
 the last token computed) when the question has one token, the request one document, or the
 workers could not score (a forward replayed from a full CUDA graph runs no Python).
+
+`cover:TAU[/RMAX[/RMIN]]` (`target` set) runs the same passes; its runs are the fewest of the
+windows `qattn:RMAX/16` ranks that cover TAU of the question's attention over the region
+(`cover_windows`), or, where RMAX does not reach TAU or a piece was not scored, the region after
+C_1 whole (the guard); none at all (plain reuse) where C_1 alone covers TAU.
 """
 
 from __future__ import annotations
