@@ -181,8 +181,10 @@ def test_cover_recomputes_what_covers_the_question_s_attention_or_every_document
     (C_1's share counts: it is exact); `cover:0.8/0.2`, asked per request, is out of reach of its
     ceiling on both prompts, which are served with every document after C_1 recomputed (the
     guard); `cover:0.3`: C_1 alone covers the second prompt (plain reuse), a few windows the
-    first. Answers equal the HF reference's `cover` plan in the layout, with a 32-token step
-    budget that splits the scoring pass and the runs into pieces."""
+    first; a one-token question cannot be scored: its documents after C_1 join it (full
+    attention of the plain prompt, the reference with `last:2`). Answers equal the HF reference's
+    `cover` plan in the layout, with a 32-token step budget that splits the scoring pass and the
+    runs into pieces."""
     docs = [cc.document(700 + i, 50 + 25 * i) for i in range(4)]
     prompts = [
         cc.chunked(cc.SYS, docs[:3], "What is first in these documents?"),
@@ -193,13 +195,15 @@ def test_cover_recomputes_what_covers_the_question_s_attention_or_every_document
         {"prompts": prompts},
         {"prompts": prompts, "batch": True, "extra_args": {"chunk_cache_recovery": modes[1]}},
         {"prompts": prompts, "extra_args": {"chunk_cache_recovery": modes[2]}},
+        {"prompts": [cc.chunked(cc.SYS, docs[:3], "?")]},
     ]
     env = {"VLLM_CHUNK_CACHE_RECOVERY": modes[0], "VLLM_CHUNK_CACHE_LAYOUT": layout}
     engine = {"disable_log_stats": False, "max_num_batched_tokens": 32, "max_num_seqs": 4}
     result = run_engine(models_dir / "tiny-llama", rounds, engine, env=env)
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
     selected, selections, fallbacks = [], [], []
-    for mode, res in zip(modes, result["rounds"], strict=True):
+    check_round(model, raw_tok, rounds[3]["prompts"], result["rounds"][3], 8, "one-token question", layout, 2)
+    for mode, res in zip(modes, result["rounds"], strict=False):
         for prompt, got in zip(prompts, res, strict=True):
             assert "error" not in got, got
             exp, ref, compute = cc.qattn_reference(model, raw_tok, prompt, len(got["tokens"]), mode, layout)
@@ -212,8 +216,8 @@ def test_cover_recomputes_what_covers_the_question_s_attention_or_every_document
     assert fallbacks == [False, False, True, True, False, False]
     assert selected[4] > 0 and selected[5] == 0  # C_1 covers the second prompt
     states = result["states"]
-    assert [s["selections"] for s in states] == selections
-    assert [s["cover_fallbacks"] for s in states] == [0, 2, 2]
+    assert [s["selections"] for s in states] == [*selections, selections[-1]]
+    assert [s["cover_fallbacks"] for s in states] == [0, 2, 2, 3]
     assert states[-1]["selected_tokens"] == sum(selected)
 
 

@@ -291,6 +291,11 @@ def test_the_coordinator_counts_coverage_and_fallbacks():
     stats.coverage.append(0.7)  # observed after the payload was made: sent with the next one
     forget_delivered(coord.manager, payload)
     assert stats.coverage == [0.7]
+    # A one-token question: the frontend joined C_2, C_3 to it (`frontend.recovery.joined_docs`).
+    unscored = qattn_request("u", "0.25/16", cover=0.9)
+    unscored.chunk_cache = msgspec.structs.replace(unscored.chunk_cache, recovered=2)
+    coord.on_new_request(unscored)
+    assert stats.cover_fallbacks == 2 and coord.private("u")
 
 
 def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_env):

@@ -310,6 +310,8 @@ class ChunkCacheCoordinator:
         private = info.recovers or bool(request.cache_salt)
         user = self.users[request.request_id] = UserRequest(request=request, info=info, private=private)
         user.selection = self._selection(info)
+        if info.cover and info.recovered:  # a question `cover` cannot score: every document computed
+            self.manager.stats.cover_fallbacks += 1
         if user.selection is not None:
             # Its blocks are rewritten while it runs: no one, itself after a preemption included,
             # may take them as a prefix (its block keys are its own: `block_keys`).
