@@ -1,6 +1,8 @@
-"""The `qattn` recovery mode without an engine: the window choice, a request's passes as the
-coordinator drives them (caps, where it resumes, what the workers score), the workers' weights
-against a per-query softmax, and the merge of several workers' reports. Through an engine,
+"""The `qattn` and `cover` recovery modes without an engine: the window choice (`cover`'s: the
+fewest windows that reach the coverage, the floor, the ceiling and its fallback), a request's
+passes as the coordinator drives them (caps, where it resumes, what the workers score, what it
+counts), the workers' weights against a per-query softmax, and the merge of several workers'
+reports. Through an engine,
 against the HF reference: `tests/engine/test_chunk_engines.py`."""
 
 from __future__ import annotations

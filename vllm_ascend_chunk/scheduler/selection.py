@@ -107,13 +107,13 @@ def cover_windows(
     width = -(-ceiling // runs) if ceiling else 1
     ranked = ranked_windows(scores, first, width)[: -(-ceiling // width)]
     least = -(-floor // width)
-    exact = scores[:first]  # summed whole each time: every token covered sums to `total` exactly
+    on_exact = scores[:first]  # summed whole each time, so that covering every token gives `total`
     for taken in range(len(ranked) + 1):
-        covered = math.fsum(exact)
+        covered = math.fsum(on_exact)
         if taken >= least and covered >= target * total:
             return Cover(merge_windows(ranked[:taken]), covered / total if total > 0 else 1.0, False)
         if taken < len(ranked):
-            exact = exact + scores[ranked[taken][0] : ranked[taken][1]]
+            on_exact = on_exact + scores[ranked[taken][0] : ranked[taken][1]]
     whole = [(first, len(scores))] if first < len(scores) else []
     return Cover(whole, covered / total, True)
 
@@ -241,7 +241,7 @@ class Selection:
     @property
     def fell_back(self) -> bool:
         """A `cover` request whose runs are the region after C_1 whole (the guard)."""
-        return bool(self.target) and self.phase is not Phase.SCORING and (self.failed or self.cover.fallback)
+        return bool(self.target) and (self.failed or (self.cover is not None and self.cover.fallback))
 
     def _runs(self) -> list[tuple[int, int]]:
         """Region offsets of the runs: `qattn`'s windows, or `cover`'s (the region after C_1 whole
