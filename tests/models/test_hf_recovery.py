@@ -213,3 +213,28 @@ def test_ape_scaling(tiny):
     ).softmax(-1)
     assert torch.allclose(weights[:, region].sum(-1), groups[:, 1], atol=1e-6)
     assert torch.allclose(weights[:, region] / groups[:, 1:], doc.softmax(-1), atol=1e-6)
+
+
+def test_cover_sets_and_their_fallback_is_full_attention(tiny):
+    """`cover:t/rmax/rmin`: the fewest of `qattn:rmax/16`'s windows whose score, with C_1's,
+    reaches `t` of the region's; else every token after C_1 (in `sequential`: full attention)."""
+    region, first = sum(LENS), LENS[0]
+    scores = torch.zeros(region)
+    scores[:first] = 1.0  # C_1's share: first / (first + 6)
+    scores[first + 2], scores[region - 1] = 4.0, 2.0
+    share = first / (first + 6)
+    assert hr.cover_choice(scores, LENS, f"{share:.4f}") == (set(), pytest.approx(share), False)
+    # Ceiling 25 tokens: windows of 2 from C_2 on (the last, of 1, holds the last token).
+    assert hr.cover_choice(scores, LENS, "0.85/1")[0] == {first + 2, first + 3}
+    assert hr.cover_choice(scores, LENS, "1/1")[0] == {first + 2, first + 3, region - 1}
+    assert hr.cover_choice(scores, LENS, "1/1/1")[0] == set(range(first, region))  # the floor: all
+    fallback = hr.cover_choice(scores, LENS, "1/0.02")  # ceiling 1 token: one window of 1
+    assert fallback[1:] == (pytest.approx((first + 4) / (first + 6)), True)
+    assert (
+        fallback[0]
+        == hr.recompute_set("cover:1/0.02", SYS, LENS, attention=scores)
+        == set(range(first, region))
+    )
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    full, _ = hr.run_full(tiny, PROMPT, max_tokens=6)
+    assert hr.run(tiny, PROMPT, SYS, LENS, "sequential", fallback[0], kv, max_tokens=6).tokens == full.tokens
