@@ -148,9 +148,22 @@ def leak_check(report: Report, url: str, timeout: float = 15.0) -> dict:
     return gauges
 
 
+def remote_back(url: str, timeout: float = 60.0) -> float | None:
+    """Seconds until the server's remote tier is up (`remote_up`; it retries every 5 s after a
+    fault), None if it is not within `timeout`."""
+    start = time.monotonic()
+    while not ((m := chunk_metrics(url)) and m.remote_up):
+        if time.monotonic() - start > timeout:
+            return None
+        time.sleep(0.5)
+    return round(time.monotonic() - start, 1)
+
+
 def audit(report: Report, url: str, seed: int) -> dict:
-    """Every end-of-phase check on the idle server at `url`; failures go to `report`."""
+    """Every end-of-phase check on the idle server at `url`, once its remote tier is back;
+    failures go to `report`."""
     in_flight, pinned = idle_state(url)
+    remote_up_after_s = remote_back(url)
     first = probe(report, url, seed, "probe")
     reset_cache(url)
     again = probe(report, url, seed, "probe after a reset")
@@ -168,36 +181,39 @@ def audit(report: Report, url: str, seed: int) -> dict:
         "probe_after_reset": again,
         "after_reset": gauges,
         "relations": relations,
+        "remote_up_after_s": remote_up_after_s,
         "remote_up": bool(m and m.remote_up),
         "counters": {k: v for k, v in vars(m).items()} if m else {},
     }
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of process `pid` and its descendants (0 if it is gone)."""
+def tree_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of process `pid` and its descendants, and of `pid` alone (0s if gone)."""
     import psutil
+
+    def rss(proc: psutil.Process) -> int:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return proc.memory_info().rss
+        return 0
 
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        children = root.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += proc.memory_info().rss
-    return total
+        return 0, 0
+    own = rss(root)
+    return own + sum(rss(child) for child in children), own
 
 
 class RssSampler:
-    """Samples the RSS of `target`'s server tree every `interval_s` while in its `with` block:
-    (seconds since it started, requests answered then, bytes)."""
+    """Samples the RSS of `target`'s server tree every `interval_s` while in its `with` block."""
 
     def __init__(self, target: Target, answered: Callable[[], int], interval_s: float = 2.0) -> None:
         self.target = target
         self.answered = answered
         self.interval_s = interval_s
-        self.samples: list[tuple[float, int, int]] = []
+        self.samples: list[tuple[float, int, int, int]] = []
+        """(seconds, requests answered, bytes of the tree, bytes of the API server process)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -214,8 +230,9 @@ class RssSampler:
     def _sample(self) -> None:
         server = self.target.server
         if server is not None and server.proc is not None:
-            rss = tree_rss(server.proc.pid)
-            self.samples.append((round(time.monotonic() - self._start, 2), self.answered(), rss))
+            total, api_server = tree_rss(server.proc.pid)
+            seconds = round(time.monotonic() - self._start, 2)
+            self.samples.append((seconds, self.answered(), total, api_server))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -237,11 +254,12 @@ class RssTrend:
         return self.slope_pct_per_1000 is not None and self.slope_pct_per_1000 < self.threshold_pct_per_1000
 
 
-def rss_trend(samples: list[tuple[float, int, int]], requests: int, threshold_pct: float) -> RssTrend:
-    """The trend of the samples taken once half of `requests` were answered."""
+def rss_trend(samples: list[tuple], requests: int, threshold_pct: float) -> RssTrend:
+    """The trend of the tree's RSS in the `RssSampler` samples taken once half of `requests` were
+    answered."""
     import numpy as np
 
-    last = [(n, rss) for _, n, rss in samples if n >= requests / 2 and rss > 0]
+    last = [(n, rss) for _, n, rss, *_ in samples if n >= requests / 2 and rss > 0]
     if len(last) < 3 or len({n for n, _ in last}) < 2:
         mean = float(np.mean([r for _, r in last])) if last else 0.0
         return RssTrend(len(last), round(mean / 2**20, 1), None, threshold_pct)

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.machine import machine_info
-from benchmarks.mooncake_store import MooncakeProcs
+from benchmarks.mooncake_store import STORE_BYTES, MooncakeProcs
 from benchmarks.serve_util import MODELS, portable
 from benchmarks.store_faults import FAULTS, FaultInjector, FaultSettings, fault_plan
 from tools.fuzz_audit import RssSampler, audit, rss_trend
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host-pages", type=int, default=None, help="host tier (16-token pages; default: the pool's)"
     )
     p.add_argument("--part-kb", type=float, default=24.0, help="remote object part size (KiB)")
+    p.add_argument("--store-mb", type=int, default=STORE_BYTES >> 20, help="the store process's memory (MiB)")
     p.add_argument("--remote-timeout-s", type=float, default=2.0)
     p.add_argument("--no-secret", action="store_true", help="objects unsigned (the store is trusted)")
     p.add_argument(
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pause-s", type=float, default=FaultSettings.pause_s)
     p.add_argument("--slow-s", type=float, default=FaultSettings.slow_s)
     p.add_argument("--rss-interval-s", type=float, default=2.0)
-    p.add_argument("--rss-threshold", type=float, default=1.0, help="% of RSS per 1,000 requests")
+    p.add_argument("--rss-threshold", type=float, default=1.0, help="%% of RSS per 1,000 requests")
     p.add_argument("--model", type=Path, default=MODELS / "tiny-llama")
     p.add_argument("--log-dir", type=Path, default=None, help="server and store logs (default: temporary)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/fuzz_10k_cpu.json"))
@@ -154,7 +155,9 @@ def run_phase(args, settings: FuzzSettings, phase: Phase, store: MooncakeProcs, 
         "fuzz": report.to_json(),
         "audit": checks,
         "rss": {**asdict(trend), "flat": trend.flat},
-        "rss_samples": [[t, n, round(rss / 2**20, 1)] for t, n, rss in watch["rss"].samples],
+        "rss_samples_mib": [  # seconds, requests answered, server tree, API server process
+            [t, n, round(rss / 2**20, 1), round(api / 2**20, 1)] for t, n, rss, api in watch["rss"].samples
+        ],
     }
 
 
@@ -188,7 +191,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
-        phase, samples = r["phase"], np.array(r["rss_samples"] or [[0, 0, 0]], dtype=float)
+        phase, samples = r["phase"], np.array(r["rss_samples_mib"] or [[0, 0, 0, 0]], dtype=float)
         ax.plot(samples[:, 1], samples[:, 2], ".", ms=3, label="server tree RSS")
         last = samples[samples[:, 1] >= phase["requests"] / 2]
         if len(last) >= 3 and len(set(last[:, 1])) > 1:
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     secret = "" if args.no_secret else secrets.token_hex(32)
     log(f"logs in {args.log_dir}")
-    store = MooncakeProcs(args.log_dir).start()
+    store = MooncakeProcs(args.log_dir, store_bytes=args.store_mb << 20).start()
     store_info = {"bytes": store.store_bytes, "signed": bool(secret), "part_kb": args.part_kb}
     results: list[dict] = []
     began = time.monotonic()

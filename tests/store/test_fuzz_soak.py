@@ -37,5 +37,6 @@ def test_fuzz_soak_slice(models_dir: Path, tmp_path: Path):
     assert {f["kind"] for f in phase["faults"]} == set(FAULTS), phase["faults"]
     assert phase["audit"]["probe"]["documents_looked_up"] > 0
     assert phase["audit"]["probe_after_reset"]["by_tier"]["host"] == 0, "the reset drops the host tier"
-    assert len(phase["rss_samples"]) >= 2 and all(rss > 0 for _, _, rss in phase["rss_samples"])
+    samples = phase["rss_samples_mib"]
+    assert len(samples) >= 2 and all(tree > api > 0 for _, _, tree, api in samples), samples
     assert out.with_suffix(".png").stat().st_size > 0
