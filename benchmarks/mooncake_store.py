@@ -136,6 +136,57 @@ class MooncakeProcs:
         assert self.store is not None
         self.store.send_signal(signal.SIGCONT)
 
+    # -- faults (benchmarks/store_faults.py plans them) ------------------------------------
+    def restart_master(self, down_s: float = 1.0) -> None:
+        """Kill the master (its index, so every object, is lost) and start it again after `down_s`."""
+        self.kill_master()
+        time.sleep(down_s)
+        self.start_master()
+
+    def pause_for(self, seconds: float) -> None:
+        """The store process paused for `seconds`: every transfer hangs meanwhile."""
+        self.pause()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.resume()
+
+    def slow_for(self, seconds: float, stop_s: float = 0.3, run_s: float = 0.2) -> int:
+        """A slow store for `seconds`: paused `stop_s`, running `run_s`, again and again (transfers
+        take several times as long, some past the clients' timeout). Returns the pauses."""
+        bursts = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.pause_for(stop_s)
+            bursts += 1
+            time.sleep(run_s)
+        return bursts
+
+    def remove_objects(self, pattern: str) -> int:
+        """Remove the objects whose names match the regular expression `pattern` (Mooncake's
+        `remove_by_regex`, forced); how many it removed."""
+        client = self.raw_client()
+        try:
+            return client.remove_by_regex(pattern, True)
+        finally:
+            client.close()
+
+    def server_env(
+        self, timeout_s: float = 2.0, part_mb: float | None = None, secret: str = ""
+    ) -> dict[str, str]:
+        """The environment that points a `vllm serve` at this store (`VLLM_CHUNK_CACHE_REMOTE_*`)."""
+        env = {
+            "VLLM_CHUNK_CACHE_REMOTE_MASTER": self.master_address,
+            "VLLM_CHUNK_CACHE_REMOTE_METADATA": self.metadata_server,
+            "VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST": "127.0.0.1",
+            "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S": f"{timeout_s:g}",
+        }
+        if part_mb is not None:
+            env["VLLM_CHUNK_CACHE_REMOTE_PART_MB"] = f"{part_mb:.6f}"
+        if secret:
+            env["VLLM_CHUNK_CACHE_REMOTE_SECRET"] = secret
+        return env
+
     def stop(self) -> None:
         """End both processes (idempotent)."""
         if self.store is not None:

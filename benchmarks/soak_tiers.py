@@ -40,6 +40,7 @@ from benchmarks import rag_workload
 from benchmarks.machine import machine_info
 from benchmarks.mooncake_store import MooncakeProcs
 from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
+from benchmarks.store_faults import FaultInjector, FaultSettings, fault_plan
 
 NAME = "tiny-llama"
 SYS = "You are a careful assistant. Answer from the documents."
@@ -73,11 +74,7 @@ def start_server(args, store: MooncakeProcs, log: Path) -> VllmServer:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CHUNK_CACHE_SIZE_GB": f"{pool_gb:.9f}",
         "VLLM_CHUNK_CACHE_HOST_GB": f"{pool_gb:.9f}",
-        "VLLM_CHUNK_CACHE_REMOTE_MASTER": store.master_address,
-        "VLLM_CHUNK_CACHE_REMOTE_METADATA": store.metadata_server,
-        "VLLM_CHUNK_CACHE_REMOTE_LOCAL_HOST": "127.0.0.1",
-        "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S": "2",
-        "VLLM_CHUNK_CACHE_REMOTE_PART_MB": f"{args.part_kb / 1024:.6f}",
+        **store.server_env(timeout_s=2, part_mb=args.part_kb / 1024),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
     }
     cli = ["--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "4096", "--seed", "0"]
@@ -141,8 +138,8 @@ def main() -> int:
     target = [rng.randrange(2) for _ in requests]
     sent = [0, 0]  # document occurrences per server
     results: list[dict | None] = [None] * len(requests)
-    faults: list[dict] = []
-    done = threading.Semaphore(0)
+    answered = [0]
+    lock = threading.Lock()
 
     def one(i: int) -> None:
         prompt, doc_ids = requests[i]
@@ -159,51 +156,20 @@ def main() -> int:
             results[i] = {"server": s, "tokens": tokens, "ok": tokens == expected[i]}
         except Exception as err:  # counted: an error answer is a failure of the soak
             results[i] = {"server": s, "error": f"{type(err).__name__}: {err}"[:300], "ok": False}
-        sent[s] += len(doc_ids)
-        done.release()
-
-    def fault(at: int, wait_for: int, what: str, action) -> None:
-        for _ in range(wait_for):  # requests answered since the last fault
-            done.acquire()
-        t0 = time.perf_counter()
-        action()
-        faults.append({"after_requests": at, "what": what, "seconds": time.perf_counter() - t0})
-        print(f"soak: fault after {at} requests: {what}", flush=True)
-
-    def restart_master() -> None:
-        store.kill_master()
-        time.sleep(1.0)
-        store.start_master()
-
-    def pause_store() -> None:
-        store.pause()
-        time.sleep(args.pause_s)
-        store.resume()
-
-    removed: dict[str, int] = {}
-
-    def remove_parts() -> None:
-        client = store.raw_client()
-        try:
-            removed["parts"] = client.remove_by_regex(r"^chunk-cache/v\d+/[0-7][^/]*/[^/]+/part1$", True)
-        finally:
-            client.close()
+        with lock:
+            sent[s] += len(doc_ids)
+            answered[0] += 1
 
     n = len(requests)
-    plan = [(n // 3, "master killed and restarted", restart_master), (n // 2, "store paused", pause_store)]
-    plan.append((2 * n // 3, "a part of about half of the objects removed", remove_parts))
-
-    def faults_thread() -> None:
-        last = 0
-        for at, what, action in plan:
-            fault(at, at - last, what, action)
-            last = at
-
+    plan = fault_plan(n, {"master": 1 / 3, "pause": 1 / 2, "parts": 2 / 3})
+    settings = FaultSettings(pause_s=args.pause_s)
     start = time.perf_counter()
-    injector = threading.Thread(target=faults_thread, daemon=True)
-    injector.start()
-    with ThreadPoolExecutor(args.concurrency) as pool:
+    injector = FaultInjector(
+        store, plan, lambda: answered[0], settings, log=lambda m: print(f"soak: {m}", flush=True)
+    )
+    with injector, ThreadPoolExecutor(args.concurrency) as pool:
         list(pool.map(one, range(n)))
+    faults = injector.records
     wall = time.perf_counter() - start
     time.sleep(2.0)  # counters follow engine steps
     report_servers = []
@@ -234,7 +200,7 @@ def main() -> int:
         "machine": machine_info(),
         "wall_s": wall,
         "faults": faults,
-        "parts_removed": removed.get("parts"),
+        "parts_removed": next((f["parts_removed"] for f in faults if f["kind"] == "parts"), None),
         "answers": {
             "requests": n,
             "different_or_failed": len(wrong),

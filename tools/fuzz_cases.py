@@ -3,7 +3,9 @@
 Random chunked prompts (`SYSTEM # # DOC_1 # # ... # # QUESTION`, parts drawn from a small corpus
 so documents repeat and evict each other, random delimiters and whitespace, empty parts, unusual
 Unicode, sizes around the pool and max_model_len), plain prompts, completions and chat, with
-random options; streamed or not, some streams closed early.
+random options; streamed or not, some streams closed early; a recovery mode per request
+(`chunk_cache_recovery` in `vllm_xargs`), drawn from a random stream of its own so that the
+modes offered change nothing else.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ QUESTIONS = [
     "Why # not?",
     "Explain the second document in detail, please.",
 ]
+RECOVERY_MODES = ("default", "none", "last:1", "last:2", "last:4", "qattn:0.1/4", "qattn:0.3", "qattn:1/2")
+"""The recovery modes a case draws from (`default`: no `chunk_cache_recovery`, the server's mode)."""
+RECOVERY_KEY = "chunk_cache_recovery"
 JSON_SCHEMA = {
     "type": "object",
     "properties": {"answer": {"type": "string"}, "n": {"type": "integer"}},
@@ -77,6 +82,10 @@ class FuzzSettings:
     ignore: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     only: list[int] | None = None
+    first: int = 0
+    """The run's cases are `first` .. `first + requests - 1` (unless `only` names them)."""
+    recovery: tuple[str, ...] = RECOVERY_MODES
+    """The recovery modes drawn from (`RECOVERY_MODES` names them; `("default",)`: none sent)."""
 
     @property
     def pool_gb(self) -> float:
@@ -100,10 +109,17 @@ class Case:
             return False
         return self.body.get("temperature") == 0 or self.body.get("seed") is not None
 
+    @property
+    def recovery(self) -> str:
+        """The case's `chunk_cache_recovery`, `default` when it sends none."""
+        return (self.body.get("vllm_xargs") or {}).get(RECOVERY_KEY, "default")
+
     def options(self) -> list[str]:
         """The option names this case exercises (for the counts)."""
-        names = [k for k in self.body if k not in ("model", "prompt", "messages", "return_token_ids")]
+        skip = ("model", "prompt", "messages", "return_token_ids", "vllm_xargs")
+        names = [k for k in self.body if k not in skip]
         names.append("chat" if "messages" in self.body else "completion")
+        names.append(f"recovery={self.recovery}")
         if self.disconnect_after is not None:
             names.append("disconnect")
         return names
@@ -237,7 +253,8 @@ def other_options(rng: random.Random, body: dict, settings: FuzzSettings) -> Non
 
 
 def make_case(settings: FuzzSettings, docs: list[str], index: int) -> Case:
-    """Case `index` of the run with `settings.seed`: a function of (seed, index) alone."""
+    """Case `index` of the run with `settings.seed`: a function of (seed, index) alone (and of the
+    options left out: `settings.skip`, `prompt_logprobs`, the recovery modes offered)."""
     rng = random.Random(f"{settings.seed}:{index}")
     chat = rng.random() < 0.3
     build = plain_prompt if rng.random() < 0.12 else chunked_prompt
@@ -247,6 +264,9 @@ def make_case(settings: FuzzSettings, docs: list[str], index: int) -> Case:
     sampling_options(rng, body)
     logprob_options(rng, body, chat, settings.prompt_logprobs)
     other_options(rng, body, settings)
+    mode = random.Random(f"{settings.seed}:{index}:recovery").choice(settings.recovery)
+    if mode != "default":
+        body["vllm_xargs"] = {RECOVERY_KEY: mode}
     for key in settings.skip:
         body.pop(key, None)
     disconnect = None
@@ -261,7 +281,11 @@ def make_case(settings: FuzzSettings, docs: list[str], index: int) -> Case:
 
 
 def make_cases(settings: FuzzSettings) -> list[Case]:
-    """The run's cases: `settings.only`, or all `settings.requests` of them."""
+    """The run's cases: `settings.only`, or all `settings.requests` of them from `settings.first`."""
     docs = corpus(settings.seed)
-    indices = settings.only if settings.only is not None else range(settings.requests)
+    indices = (
+        settings.only
+        if settings.only is not None
+        else range(settings.first, settings.first + settings.requests)
+    )
     return [make_case(settings, docs, i) for i in indices]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from tools.fuzz_cases import Case, FuzzSettings
+from tools.fuzz_cases import RECOVERY_MODES, Case, FuzzSettings
 from tools.fuzz_client import Outcome
 
 
@@ -34,6 +34,9 @@ FAILURE_KINDS = {
     "mismatch-seeded": "a seeded answer differs from the same request's answer alone",
     "in-flight": "requests still running or waiting with no client left",
     "leaked-pins": "chunk cache entries pinned with nothing in flight",
+    "leaked-pages": "pool or host-tier entries or pages left after a cache reset with nothing in "
+    "flight (tools/fuzz_soak.py)",
+    "counters": "chunk cache counters that do not add up (tools/fuzz_soak.py)",
 }
 
 
@@ -46,6 +49,8 @@ def repro_command(settings: dict, index: int) -> str:
         args.append("--skip " + ",".join(settings["skip"]))
     if settings["max_model_len"] != FuzzSettings.max_model_len:
         args.append(f"--max-model-len {settings['max_model_len']}")
+    if tuple(settings.get("recovery", RECOVERY_MODES)) != RECOVERY_MODES:
+        args.append("--recovery " + ",".join(settings["recovery"]))
     return "python -m tools.fuzz_server " + " ".join(args)
 
 

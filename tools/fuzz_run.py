@@ -5,10 +5,12 @@ deterministic answer again, alone), the idle checks, and restarting a dead serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -182,13 +184,19 @@ async def reference_pass(
             check_reference(report, case, outcomes[case.index], alone[case.index])
 
 
-def fuzz(target: Target, settings: FuzzSettings) -> Report:
-    """The whole fuzz against `target`: the concurrent pass, the idle check, the reference pass
-    and the idle check again."""
+def fuzz(
+    target: Target,
+    settings: FuzzSettings,
+    during: Callable[[Report], AbstractContextManager] | None = None,
+) -> Report:
+    """The whole fuzz against `target`: the concurrent pass (inside `during(report)`, e.g. faults
+    injected as `report.counts["requests"]` grows), the idle check, the reference pass and the
+    idle check again."""
     report = Report(settings=asdict(settings))
     cases = make_cases(settings)
     start = time.monotonic()
-    outcomes = asyncio.run(run_phase(target, cases, settings, report))
+    with during(report) if during else contextlib.nullcontext():
+        outcomes = asyncio.run(run_phase(target, cases, settings, report))
     report.counts["seconds concurrent"] = round(time.monotonic() - start)
     check_idle(report, target.url, "after the concurrent pass")
     asyncio.run(reference_pass(target, cases, outcomes, settings, report))
@@ -208,9 +216,15 @@ def fuzz(target: Target, settings: FuzzSettings) -> Report:
     return report
 
 
-def server_factory(model: Path, settings: FuzzSettings, log: Path | None) -> Callable[[int], VllmServer]:
-    """A function that makes the (not yet started) small-pool server for `settings`; start k
-    logs to `log` + ".k" (k > 0)."""
+def server_factory(
+    model: Path,
+    settings: FuzzSettings,
+    log: Path | None,
+    extra_env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> Callable[[int], VllmServer]:
+    """A function that makes the (not yet started) small-pool server for `settings`, with
+    `extra_env` and `extra_args` (tiers, parallelism); start k logs to `log` + ".k" (k > 0)."""
     args = [
         "--served-model-name",
         MODEL_NAME,
@@ -224,11 +238,13 @@ def server_factory(model: Path, settings: FuzzSettings, log: Path | None) -> Cal
         "256",
         "--scheduling-policy",
         settings.scheduling_policy,
+        *extra_args,
     ]
     env = {
         "VLLM_CHUNK_CACHE_SIZE_GB": f"{settings.pool_gb:.12g}",
         "VLLM_ENABLE_CHUNK_CACHE": "true",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        **(extra_env or {}),
     }
 
     def make(k: int) -> VllmServer:

@@ -11,9 +11,13 @@ Requests: random chunked prompts (`SYSTEM # # DOC_1 # # ... # # QUESTION`, parts
 small corpus so documents repeat and evict each other, random delimiters and whitespace, empty
 parts, unusual Unicode, sizes around the pool and max_model_len), plain prompts, completions and
 chat, with random options (echo, logprobs, prompt_logprobs, n, best_of, beam search, stop, seed,
-temperature, min/max tokens, truncate_prompt_tokens, response_format, priority), streamed or
-not, some streams closed early. Case i is a function of (seed, i) alone: `--only i` re-sends it;
-`--no-prompt-logprobs` and `--skip` drop options without changing anything else.
+temperature, min/max tokens, truncate_prompt_tokens, response_format, priority) and a recovery
+mode (`--recovery`: none, last:K, qattn:R, or the server's), streamed or not, some streams closed
+early. Case i is a function of (seed, i) alone: `--only i` re-sends it; `--no-prompt-logprobs`,
+`--skip` and `--recovery` drop options without changing anything else.
+
+`python -m tools.fuzz_soak` runs the same fuzz against a server with the host tier and a real
+Mooncake Store, under store faults, in phases (TP=1, TP=2), for 10,000 requests.
 
 Checks (FAILURE_KINDS): every answer is a 200 or a 4xx with a message (never a 5xx, a client
 timeout, a dropped connection), a stream's error event has a 4xx code, `/health` answers after
@@ -36,6 +40,7 @@ from pathlib import Path
 from tools.fuzz_cases import FuzzSettings, make_cases
 from tools.fuzz_report import FAILURE_KINDS, summary
 from tools.fuzz_run import Target, fuzz, server_factory
+from vllm_ascend_chunk.config import RECOVERY_ACCEPTED, recovery_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,11 +48,16 @@ REPO = Path(__file__).resolve().parent.parent
 def build_parser() -> argparse.ArgumentParser:
     """The command line; every default is `FuzzSettings`'s."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_options(p)
+    _add_io_options(p)
+    return p
+
+
+def add_case_options(p: argparse.ArgumentParser) -> None:
+    """The options that make `FuzzSettings` (`settings_from`; also `tools/fuzz_soak.py`'s)."""
     defaults = FuzzSettings()
     _add_run_options(p, defaults)
     _add_filter_options(p, defaults)
-    _add_io_options(p)
-    return p
 
 
 def _add_run_options(p: argparse.ArgumentParser, d: FuzzSettings) -> None:
@@ -86,6 +96,13 @@ def _add_filter_options(p: argparse.ArgumentParser, d: FuzzSettings) -> None:
         help="request options (comma-separated body keys, e.g. seed) never sent; the "
         "cases are otherwise the same",
     )
+    p.add_argument(
+        "--recovery",
+        type=lambda s: tuple(s.split(",")),
+        default=d.recovery,
+        help="recovery modes (comma-separated) each case draws one of; `default` sends none "
+        f"(default: {','.join(d.recovery)})",
+    )
     p.add_argument("--max-deaths", type=int, default=d.max_deaths, help="server restarts before giving up")
     p.add_argument(
         "--only",
@@ -104,13 +121,14 @@ def _add_io_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-cases", action="store_true", help="print the cases' JSON and exit")
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzSettings]:
-    """The options and the `FuzzSettings` they give; exits on an unknown `--ignore` kind."""
-    p = build_parser()
-    args = p.parse_args(argv)
+def settings_from(p: argparse.ArgumentParser, args: argparse.Namespace) -> FuzzSettings:
+    """The `FuzzSettings` of `add_case_options`' options; exits on an unknown `--ignore` kind or
+    recovery mode."""
     if unknown := set(args.ignore) - set(FAILURE_KINDS):
         p.error(f"--ignore: unknown failure kinds {sorted(unknown)}")
-    settings = FuzzSettings(
+    if bad := [m for m in args.recovery if m != "default" and recovery_of(m) is None]:
+        p.error(f"--recovery: not recovery modes: {bad} ({RECOVERY_ACCEPTED}, or default)")
+    return FuzzSettings(
         seed=args.seed,
         requests=args.requests,
         concurrency=args.concurrency,
@@ -123,8 +141,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzS
         ignore=args.ignore,
         skip=args.skip,
         only=args.only,
+        recovery=args.recovery,
     )
-    return args, settings
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, FuzzSettings]:
+    """The options and the `FuzzSettings` they give."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    return args, settings_from(p, args)
 
 
 def main(argv: list[str] | None = None) -> int:
