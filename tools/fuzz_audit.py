@@ -39,6 +39,7 @@ PROBES = (
     ((0, 3, 4), "qattn:0.5/2"),
     ((2,), "default"),
     ((4, 0, 1), "last:4"),
+    ((3, 2, 0), "cover:0.6/0.2"),
 )
 """(the probe documents a request brings, its recovery mode)."""
 

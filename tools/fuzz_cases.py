@@ -56,7 +56,18 @@ QUESTIONS = [
     "Why # not?",
     "Explain the second document in detail, please.",
 ]
-RECOVERY_MODES = ("default", "none", "last:1", "last:2", "last:4", "qattn:0.1/4", "qattn:0.3", "qattn:1/2")
+RECOVERY_MODES = (
+    "default",
+    "none",
+    "last:1",
+    "last:2",
+    "last:4",
+    "qattn:0.1/4",
+    "qattn:0.3",
+    "qattn:1/2",
+    "cover:0.6/0.2",
+    "cover:0.9/0.1",
+)
 """The recovery modes a case draws from (`default`: no `chunk_cache_recovery`, the server's mode)."""
 RECOVERY_KEY = "chunk_cache_recovery"
 JSON_SCHEMA = {

@@ -45,7 +45,7 @@ def test_the_fault_plan_is_in_order_of_requests():
 
 
 def test_probes_count_the_documents_a_mode_looks_up():
-    assert [n for _, _, n in probe_requests(0)] == [3, 2, 0, 3, 1, 0]
+    assert [n for _, _, n in probe_requests(0)] == [3, 2, 0, 3, 1, 0, 3]
 
 
 def test_counter_relations():
