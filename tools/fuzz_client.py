@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -45,11 +46,24 @@ def choice_tokens(choices: list[dict], into: dict[int, list[int]]) -> None:
         into.setdefault(choice.get("index", 0), []).extend(choice.get("token_ids") or [])
 
 
+async def sse_lines(resp: httpx.Response):
+    """The lines of an event stream, split at LF, CR LF or CR alone as the SSE format says, not at
+    the other line breaks `str.splitlines` (and httpx's `aiter_lines`) also split at: an event's
+    JSON may hold U+2028 or U+0085 unescaped."""
+    pending = ""
+    async for text in resp.aiter_text():
+        *lines, pending = re.split(r"\r\n|\n|\r", pending + text)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
+
+
 async def read_stream(resp: httpx.Response, case: Case, out: Outcome) -> None:
     """Read a stream's events: token ids per choice, an error event; hang up early if asked."""
     tokens: dict[int, list[int]] = {}
     events = 0
-    async for line in resp.aiter_lines():
+    async for line in sse_lines(resp):
         if not line.startswith("data:"):
             continue
         data = line.removeprefix("data:").strip()

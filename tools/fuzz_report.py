@@ -27,6 +27,8 @@ FAILURE_KINDS = {
     "timeout": "no complete answer within --timeout (a hang)",
     "connection": "the connection dropped before the answer",
     "stream-error": "a stream's error event with a code other than 4xx, or no message",
+    "vllm-known": "a 5xx (or the closed connection after it) of a request whose options hit a "
+    "failure of vLLM itself, with the chunk cache off too (KNOWN_VLLM_FAILURES, docs/fuzzing.md)",
     "closed-connection": "the server closed the keep-alive connection after answering (the next "
     "request on it fails)",
     "server-death": "/health failed after a request (the server is restarted)",
@@ -92,6 +94,27 @@ class Report:
         }
 
 
+KNOWN_VLLM_FAILURES = {
+    "structured output past the grammar's end": lambda body: bool(
+        body.get("response_format") and (body.get("ignore_eos") or body.get("min_tokens"))
+    ),
+    "beam search with echo and logprobs": lambda body: bool(
+        body.get("use_beam_search") and body.get("echo") and body.get("logprobs") is not None
+    ),
+}
+"""Failures of vLLM 0.23 itself that a 5xx of a request with these options is (docs/fuzzing.md:
+each reproduced on a server with the chunk cache off)."""
+
+
+def server_error_kind(case: Case) -> tuple[str, str]:
+    """The failure kind of a 5xx answer to `case` and what to prefix its detail with:
+    `vllm-known` and the failure's name where its options hit one of KNOWN_VLLM_FAILURES."""
+    for name, hits in KNOWN_VLLM_FAILURES.items():
+        if hits(case.body):
+            return "vllm-known", f"{name}: "
+    return "5xx", ""
+
+
 def short(message: str) -> str:
     """A message without its numbers, to count messages of the same kind together."""
     return "".join("#" if c.isdigit() else c for c in message)[:160]
@@ -105,7 +128,8 @@ def check_outcome(report: Report, case: Case, out: Outcome) -> None:
     if out.kind:
         report.fail(out.kind, f"after {out.seconds:.1f} s: {out.message}", case)
     elif out.status is not None and out.status >= 500:
-        report.fail("5xx", f"HTTP {out.status}: {out.message}", case)
+        kind, name = server_error_kind(case)
+        report.fail(kind, f"{name}HTTP {out.status}: {out.message}", case)
     elif out.status != 200 and not out.message:
         report.fail("4xx-no-message", f"HTTP {out.status}", case)
     elif out.stream_error_code is not None:

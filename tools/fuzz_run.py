@@ -20,7 +20,7 @@ import httpx
 from benchmarks.serve_util import VllmServer, requests_in_flight, scrape
 from tools.fuzz_cases import MODEL_NAME, Case, FuzzSettings, make_cases
 from tools.fuzz_client import Outcome, after_request, send
-from tools.fuzz_report import Report, check_outcome, check_reference, clean
+from tools.fuzz_report import Report, check_outcome, check_reference, clean, server_error_kind
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.metrics import ChunkCacheMetrics
@@ -122,8 +122,9 @@ async def run_batch(
                 log(f"{len(outcomes)} of {len(cases)} answered, {len(report.failures)} failures")
             closed, sick = await after_request(http, target.url)
             if closed and not sick:
+                known = (out.status or 0) >= 500 and server_error_kind(case)[0] == "vllm-known"
                 report.fail(
-                    "closed-connection",
+                    "vllm-known" if known else "closed-connection",
                     f"/health on the request's keep-alive "
                     f"connection: {closed} (HTTP {out.status} {out.message[:200]!r})",
                     case,

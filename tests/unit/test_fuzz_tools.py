@@ -4,13 +4,17 @@ tiny scale: `tests/store/test_fuzz_soak.py`."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
+import httpx
 import pytest
 
 from benchmarks.store_faults import FAULTS, Fault, fault_plan
 from tools.fuzz_audit import counter_relations, probe_requests, rss_trend
-from tools.fuzz_cases import RECOVERY_MODES, FuzzSettings, make_cases
+from tools.fuzz_cases import RECOVERY_MODES, Case, FuzzSettings, make_cases
+from tools.fuzz_client import sse_lines
+from tools.fuzz_report import server_error_kind
 from tools.fuzz_soak import Phase, parse_faults, phases
 from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 
@@ -68,3 +72,24 @@ def test_rss_trend_is_the_slope_over_the_last_half():
     trend = rss_trend(growing, 1000, 1.0)  # 20 MiB per 1,000 requests on ~1,015 MiB: ~2 %
     assert not trend.flat and 1.9 < trend.slope_pct_per_1000 < 2.1
     assert rss_trend(growing[:50], 1000, 1.0).slope_pct_per_1000 is None, "nothing in the last half"
+
+
+def test_event_stream_lines_split_at_lf_cr_lf_and_cr_only():
+    body = 'data: {"text": "a\u2028b\u0085c"}\r\n\r\ndata: [DONE]\rtail'.encode()
+
+    async def lines() -> list[str]:
+        return [line async for line in sse_lines(httpx.Response(200, content=body))]
+
+    assert asyncio.run(lines()) == ['data: {"text": "a\u2028b\u0085c"}', "", "data: [DONE]", "tail"]
+
+
+def test_a_5xx_is_a_known_vllm_failure_only_where_its_options_hit_one():
+    def kind(**body) -> str:
+        return server_error_kind(Case(index=0, endpoint="/v1/completions", body=body))[0]
+
+    assert kind(response_format={"type": "json_object"}, ignore_eos=True) == "vllm-known"
+    assert kind(response_format={"type": "json_object"}, min_tokens=4) == "vllm-known"
+    assert kind(use_beam_search=True, echo=True, logprobs=0) == "vllm-known"
+    assert kind(response_format={"type": "json_object"}) == "5xx"
+    assert kind(use_beam_search=True, echo=True) == "5xx"
+    assert kind(ignore_eos=True, echo=True, logprobs=2) == "5xx"
