@@ -1,9 +1,11 @@
-"""Benchmark results name no machine's directories (`serve_util.portable`)."""
+"""Benchmark results name no machine's directories (`serve_util.portable`), and the command each
+records names a script that exists."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,27 @@ def test_committed_results_hold_no_absolute_paths(result: Path):
         word
         for text in _strings(json.loads(result.read_text()))
         for word in re.split(r"[\s=]+", text)
-        if re.match(r"/\w", word)
+        if re.match(r"/\w", word) and not re.match(API_PATH, word)
     ]
     assert not absolute, absolute[:5]
+
+
+API_PATH = r"/(v1/|health\b|metrics\b|reset_prefix_cache\b)"
+"""The server's HTTP paths (a fuzz report names the endpoint of each failing case): not directories."""
+
+
+def recorded_commands() -> list[tuple[str, str]]:
+    """(result file, the command it records) of every committed result that records one."""
+    results = sorted((REPO / "benchmarks").glob("*.json"))
+    commands = [(p.name, json.loads(p.read_text()).get("command")) for p in results]
+    return [(name, command) for name, command in commands if isinstance(command, str)]
+
+
+@pytest.mark.parametrize("name, command", recorded_commands(), ids=[n for n, _ in recorded_commands()])
+def test_the_recorded_command_names_a_script_that_exists(name: str, command: str):
+    words = shlex.split(command)
+    if "-m" in words:
+        program = words[words.index("-m") + 1].replace(".", "/") + ".py"
+    else:
+        program = next((w for w in words if w.endswith((".py", ".sh"))), "")
+    assert program and (REPO / program).is_file(), f"{name}: {command}"
