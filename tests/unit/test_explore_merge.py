@@ -1,0 +1,69 @@
+"""`benchmarks/explore_recovery.py`: a run split over processes (`--shard`) and merged again."""
+
+import json
+
+import pytest
+
+from benchmarks import explore_recovery as er
+
+
+def test_shards_cover_every_question_once():
+    items = list(range(11))
+    shards = [er.shard_of(items, f"{k}/4") for k in range(4)]
+    assert sorted(x for shard in shards for x in shard) == items
+    assert shards[1] == [1, 5, 9]
+    assert er.shard_of(items, None) == items
+    with pytest.raises(SystemExit, match="0 <= K < N"):
+        er.shard_of(items, "4/4")
+
+
+def _run(path, indices, configs=("sequential/plain",), seconds=10.0):
+    def row(agree):
+        return {
+            "agree": agree,
+            "contains": agree,
+            "kl": 0.0,
+            "f1": 0.0,
+            "em": 0.0,
+            "recompute": 0.1,
+            "doc_recompute": 0.1,
+        }
+
+    samples = [
+        {"qid": f"q{i}", "index": i, "configs": {"full": row(1.0), **{c: row(float(i % 2)) for c in configs}}}
+        for i in indices
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "command": f"run {path.name}",
+                "model": "m",
+                "machine": "x",
+                "device": "cpu",
+                "torch": "t",
+                "seconds": seconds,
+                "settings": {"configs": list(configs), "shard": "0/2", "out": path.name},
+                "samples": samples,
+            }
+        )
+    )
+    return path
+
+
+def test_merge_orders_questions_and_recomputes_the_summary(tmp_path):
+    a = _run(tmp_path / "a.json", [0, 2, 4], seconds=30.0)
+    b = _run(tmp_path / "b.json", [1, 3], seconds=20.0)
+    result = er.merge([b, a], tmp_path / "m.json")
+    assert [s["index"] for s in result["samples"]] == [0, 1, 2, 3, 4]
+    assert result["summary"]["sequential/plain"]["n"] == 5
+    assert result["summary"]["sequential/plain"]["agreement"] == pytest.approx(2 / 5)
+    assert result["seconds"] == 30.0 and result["seconds_all_processes"] == 50.0
+    assert "shard" not in result["settings"]
+    assert json.loads((tmp_path / "m.json").read_text())["samples"] == result["samples"]
+
+
+def test_merge_refuses_runs_of_other_configurations(tmp_path):
+    a = _run(tmp_path / "a.json", [0])
+    b = _run(tmp_path / "b.json", [1], configs=("sequential/qattn:0.1/16",))
+    with pytest.raises(SystemExit, match="other configurations"):
+        er.merge([a, b], tmp_path / "m.json")
