@@ -33,6 +33,34 @@ def test_greedy_generation_matches_hf_reference(tiny_llama_llm, models_dir: Path
             assert abs(step[token].logprob - want) < 2e-3
 
 
+def test_the_engine_runs_the_chunk_cache_and_a_chunked_request_carries_its_spans(tiny_llama_llm):
+    from vllm import SamplingParams
+
+    scheduler = tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler
+    assert type(scheduler).__name__ == "ChunkCacheScheduler" and scheduler.chunk_connector is not None
+    seen = {}
+    add = scheduler.add_request
+    scheduler.add_request = lambda request: (
+        seen.setdefault(request.request_id, request.chunk_cache),
+        add(request),
+    )[1]
+    try:
+        prompts = [
+            "Answer briefly. # # Paris is in France. # # Rome is in Italy. # # Where is Rome?",
+            PROMPTS[0],
+        ]
+        outs = tiny_llama_llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+    finally:
+        del scheduler.add_request  # the class's method again
+    # The engine's ids are the outputs' with a suffix; besides them, the documents' chunk prefills.
+    engine_ids = {key.rsplit("-", 1)[0]: key for key in seen if not key.startswith("chunk-cache-prefill-")}
+    chunked, ordinary = (seen[engine_ids[out.request_id]] for out in outs)
+    assert ordinary is None
+    assert len(chunked.chunk_lens) == len(chunked.chunk_hashes) == 2 and min(chunked.chunk_lens) > 0
+    spans = chunked.sys_len + sum(chunked.chunk_lens) + chunked.question_len
+    assert spans == len(outs[0].prompt_token_ids) and not chunked.recovers
+
+
 def test_invalid_configuration_fails_start_up(models_dir: Path):
     code = (
         f"from vllm import LLM\nLLM({str(models_dir / 'tiny-llama')!r}, dtype='float32', max_model_len=512)\n"

@@ -1,6 +1,8 @@
 """The layouts' position rules against hand-computed positions (`docs/design.md`, Semantics)."""
 
-from vllm_ascend_chunk.config import LAYOUTS as CONFIG_CHOICES
+import pytest
+
+from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError
 from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.metadata import ChunkSpans
 
@@ -36,4 +38,10 @@ def test_sequential_moves_each_cached_key_by_the_lengths_before_its_chunk():
 
 
 def test_the_configuration_accepts_exactly_the_layouts():
-    assert CONFIG_CHOICES == tuple(LAYOUTS) == ("overlap", "sequential")
+    assert tuple(LAYOUTS) == ("overlap", "sequential")
+    for name in LAYOUTS:
+        for spelled in (name, name.upper()):
+            assert ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_LAYOUT": spelled}).layout == name
+    for other in ("diagonal", "overlap,sequential", ""):
+        with pytest.raises(ChunkCacheConfigError, match="accepted values: overlap, sequential"):
+            ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_LAYOUT": other})

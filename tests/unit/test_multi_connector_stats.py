@@ -10,11 +10,18 @@ from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 
 
 def test_multi_connector_rebuilds_and_logs_the_chunk_cache_stats():
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 
     plugin.register()
-    plugin.register()  # every process registers once; a second call changes nothing
+    registered = dict(KVConnectorFactory._registry)
+    plugin.register()  # a process may register twice (vLLM loads plugins per process): no error, no change
+    assert KVConnectorFactory._registry == registered
+    assert (
+        KVConnectorFactory.get_connector_class_by_name("ChunkCacheConnector").__name__
+        == "ChunkCacheConnector"
+    )
     manager = ChunkCacheManager(4, 16, 1.0)
     manager.stats.hits, manager.stats.misses = 3, 1
     # As serialized between the engine core and the frontend: {"data": ...} per connector.
