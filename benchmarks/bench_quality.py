@@ -192,6 +192,24 @@ def worker(spec_path: Path, out_path: Path) -> None:
 # Driver
 
 
+def build_samples(tokenizer, items: list[qd.QAItem], cut: int | None) -> list[dict]:
+    """Per question: the measured prompt's ids and spans, and its priming request's (the same
+    documents in reverse order, `PRIME_QUESTION`)."""
+    samples = []
+    for item in items:
+        p = qd.build_prompt(tokenizer, item, doc_tokens=cut)
+        primer = qd.QAItem(qid=item.qid, question=PRIME_QUESTION, answers=[], docs=item.docs[::-1])
+        q = qd.build_prompt(tokenizer, primer, doc_tokens=cut)
+        samples.append(
+            {
+                "qid": item.qid,
+                "measured": {"ids": p.ids, "spans": p.spans()},
+                "prime": {"ids": q.ids, "spans": q.spans()},
+            }
+        )
+    return samples
+
+
 def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
@@ -351,18 +369,7 @@ def main() -> None:
         items, cut, dataset = items[: args.limit] if args.limit else items, None, "synthetic"
     if not items:
         ap.error("no questions: pass --synthetic N or --data PATH")
-    samples = []
-    for item in items:
-        p = qd.build_prompt(tokenizer, item, doc_tokens=cut)
-        primer = qd.QAItem(qid=item.qid, question=PRIME_QUESTION, answers=[], docs=item.docs[::-1])
-        q = qd.build_prompt(tokenizer, primer, doc_tokens=cut)
-        samples.append(
-            {
-                "qid": item.qid,
-                "measured": {"ids": p.ids, "spans": p.spans()},
-                "prime": {"ids": q.ids, "spans": q.spans()},
-            }
-        )
+    samples = build_samples(tokenizer, items, cut)
     if args.rescore:
         finish(json.loads(args.out.read_text()), items, tokenizer, args.out)
         return
