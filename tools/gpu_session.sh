@@ -207,7 +207,7 @@ explore() {
   # 10 x 256 (20 questions, the baseline rules: EXPLORE_MORE_CONFIGS). Every process stops in time
   # for the merge: explore_<set>_<gpu>.json in $OUT. EXPLORE_RESUME=1 keeps what an earlier call
   # wrote (the machine keeps its files ~30 s) and runs the rest.
-  local site=$work/site device=cuda dir=$work/logs/explore name
+  local site=$work/site device=cuda dir=$work/logs/explore
   [ -z "$dry" ] || device=cpu
   mkdir -p "$site" "$dir"
   for whl in "$store/quality"/*.whl; do "$base_python" -m zipfile -e "$whl" "$site" || return 1; done
