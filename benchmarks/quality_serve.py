@@ -39,6 +39,8 @@ from benchmarks.serve_util import VllmServer, openai_client, portable
 REPO = Path(__file__).resolve().parent.parent
 MODES = ["none", "last:2", "qattn:0.1", "qattn:0.15", "qattn:0.2", "cover:0.7/0.2"]
 SERVED = "smollm2"
+COUNTERS = ["hits", "misses", "selections", "selected_tokens", "cover_fallbacks"]
+"""The server's chunk-cache counters each set records (their change over the set)."""
 
 
 def stream(client, ids: list[int], max_tokens: int, xargs: dict | None) -> dict:
@@ -60,6 +62,7 @@ def run_set(server: VllmServer, tokenizer, docs: int, args) -> dict:
     items = qd.synthetic_set(args.synthetic, docs=docs, doc_tokens=args.doc_tokens, seed=args.seed)
     samples = build_samples(tokenizer, items, None)
     client = openai_client(server.url, timeout=600)
+    before = server.metrics()
     # First-request costs out of the numbers: one ordinary request, discarded (the priming ids:
     # they share only SYSTEM with a measured prompt, which must not find its own in the prefix cache).
     stream(client, samples[0]["prime"]["ids"], 1, None)
@@ -87,6 +90,20 @@ def run_set(server: VllmServer, tokenizer, docs: int, args) -> dict:
             ),
             flush=True,
         )
+    time.sleep(1)  # the counters move with the engine step after a response
+    counters = {
+        name: server.metrics().get(f"vllm:chunk_cache_{name}_total", 0.0)
+        - before.get(f"vllm:chunk_cache_{name}_total", 0.0)
+        for name in COUNTERS
+    }
+    # The settings really ran on the chunk path: its documents were loaded, and the question-driven
+    # modes recomputed what they chose.
+    if counters["hits"] < len(rows) * docs:  # at least `none`: every document loaded
+        raise SystemExit(
+            f"{docs} docs: {counters['hits']:.0f} document hits, the settings did not load their documents"
+        )
+    if any(m.startswith(("qattn", "cover")) for m in args.modes) and not counters["selected_tokens"]:
+        raise SystemExit(f"{docs} docs: no document token recomputed by qattn or cover")
     summary = {
         setting: {
             "contains": statistics.fmean(r[setting]["contains"] for r in rows),
@@ -95,7 +112,7 @@ def run_set(server: VllmServer, tokenizer, docs: int, args) -> dict:
         }
         for setting in ["full", *args.modes]
     }
-    return {"questions": len(rows), "summary": summary, "rows": rows}
+    return {"questions": len(rows), "counters": counters, "summary": summary, "rows": rows}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -169,6 +186,7 @@ def main() -> None:
                 f"{docs:>2} docs {setting:14s} contains {s['contains']:.2f} agreement {s['agreement']:.2f} "
                 f"TTFT p50 {s['ttft_p50_ms']:.0f} ms"
             )
+        print(f"{docs:>2} docs counters: " + ", ".join(f"{k} {v:.0f}" for k, v in part["counters"].items()))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
