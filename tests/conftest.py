@@ -187,7 +187,7 @@ def tiny_llama_llm(models_dir: Path):
 @pytest.fixture
 def scheduled_requests(tiny_llama_llm):
     """The engine core `Request`s of clients the scheduler receives while the test runs."""
-    from vllm_ascend_chunk.scheduler.coordinator import CHUNK_PREFILL_ID_PREFIX
+    from vllm_ascend_chunk.scheduler.prefills import CHUNK_PREFILL_ID_PREFIX
 
     scheduler = tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler
     seen = []

@@ -42,12 +42,9 @@ from vllm_ascend_chunk.metrics import (
     forget_delivered,
     stats_payload,
 )
-from vllm_ascend_chunk.scheduler.coordinator import (
-    ChunkCacheCoordinator,
-    ChunkPrefill,
-    ShadowRun,
-    is_chunk_prefill,
-)
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
+from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, is_chunk_prefill
+from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 

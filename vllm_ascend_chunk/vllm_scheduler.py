@@ -21,7 +21,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_ascend_chunk.connector import chunk_connector_of
-from vllm_ascend_chunk.scheduler.coordinator import ChunkPrefill
+from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1

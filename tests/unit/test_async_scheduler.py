@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
 from vllm_ascend_chunk.metadata import ChunkSpans
 from vllm_ascend_chunk.paging import slot_of
-from vllm_ascend_chunk.scheduler.coordinator import CHUNK_PREFILL_ID_PREFIX
+from vllm_ascend_chunk.scheduler.prefills import CHUNK_PREFILL_ID_PREFIX
 
 BLOCK = 16
 

@@ -24,7 +24,9 @@ from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import pages_for, slot_of
-from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator, ChunkPrefill, UserStatus
+from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
+from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
+from vllm_ascend_chunk.scheduler.requests import UserStatus
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 
 BLOCK = 4
@@ -576,7 +578,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """Drain: with every prefill run and every ready request admitted, all requests load and
         the pool ends with no pins and no pending entries (no deadlock, no starvation)."""
         for _ in range(40):
-            if not (self.waiting or self.prefills_todo or self.prefills_ran or self.coord.unread):
+            if not (self.waiting or self.prefills_todo or self.prefills_ran or self.coord.remote.failed):
                 break
             for prefill in self.coord.plan():
                 self.prefills_todo[prefill.request_id] = prefill

@@ -1,0 +1,135 @@
+"""In-place recompute (`qattn`, `cover`) on the scheduler side: each such request's `Selection`
+says how far it may compute, where it continues and which of its runs join a step as rows of
+their own; the question pieces it computes are scored by the workers, whose sums come back with
+the step's report (`scheduler/selection.py` has the passes)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vllm_ascend_chunk.layouts import Layout
+from vllm_ascend_chunk.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.paging import slot_of
+from vllm_ascend_chunk.scheduler.requests import UserRequest
+from vllm_ascend_chunk.scheduler.selection import Phase, Selection
+from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
+from vllm_ascend_chunk.step import ScoreSpec
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+logger = logging.getLogger("vllm.chunk_cache")
+
+
+@dataclass(frozen=True)
+class ShadowRun:
+    """A `qattn` run computed as a batch row of its own, beside its request's piece: the
+    request's tokens and blocks, computed from `start` to `end` (`RecomputePlanner.shadow_runs`),
+    its positions lowered by `shift`."""
+
+    request_id: str
+    parent: Request
+    start: int
+    end: int
+    shift: int
+
+
+class RecomputePlanner:
+    def __init__(
+        self, users: dict[str, UserRequest], layout: Layout, block_size: int, stats: ChunkCacheStats
+    ) -> None:
+        self.users = users
+        """The coordinator's chunk-path requests (read here; their selections and blocks kept)."""
+        self.layout = layout
+        self.block_size = block_size
+        self.stats = stats
+
+    def selection_for(self, info: ChunkCacheInfo) -> Selection | None:
+        """The `qattn` (or `cover`) passes of a request, if it may recompute anything in place."""
+        if not (info.select or info.cover):
+            return None
+        cuts = self.layout.shift_bounds(info)
+        return Selection.for_spans(info, info.select, info.select_runs, cuts, info.cover, info.cover_floor)
+
+    def _selecting(self, request_id: str) -> UserRequest | None:
+        user = self.users.get(request_id)
+        return user if user is not None and user.selection is not None else None
+
+    def track_blocks(self, scheduler_output) -> None:
+        """Records the blocks the step's scheduler output gives requests with a selection (their
+        scores read their keys)."""
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid, new_blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            if (user := self._selecting(rid)) is None or not new_blocks:
+                continue
+            if rid in cached.resumed_req_ids:  # preempted, then given blocks anew: all of them
+                user.block_ids = list(new_blocks[0])
+            else:
+                user.block_ids += new_blocks[0]
+
+    def score_specs(self, num_scheduled_tokens: dict[str, int]) -> dict[str, ScoreSpec]:
+        """The question pieces the workers score this step."""
+        specs = {}
+        for rid, num in num_scheduled_tokens.items():
+            if (user := self._selecting(rid)) is None:
+                continue
+            first = user.request.num_computed_tokens
+            if user.selection.scheduled(first, num):
+                slots = [slot_of(user.block_ids, self.block_size, t) for t in range(first + num)]
+                region = (user.info.sys_len, user.info.question_start)
+                specs[rid] = ScoreSpec(first=first, key_slots=slots, region=region)
+        return specs
+
+    def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
+        """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on."""
+        if (user := self._selecting(request.request_id)) is None:
+            return num_new_tokens
+        return user.selection.cap(num_computed_tokens, num_new_tokens)
+
+    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
+        """After vLLM scheduled this step: the further runs of `qattn` requests that are computed
+        in it as rows of their own (`Selection.take`), within `budget` tokens and `rows` rows."""
+        shadows = []
+        for rid, num in list(num_scheduled_tokens.items()):
+            if (user := self._selecting(rid)) is None:
+                continue
+            for start, end in user.selection.take(user.request.num_computed_tokens + num, budget, rows):
+                shift = self.layout.shift_at(user.info, start)
+                shadows.append(ShadowRun(f"{rid}#run{start}", user.request, start, end, shift))
+                self.stats.batched_runs += 1
+                budget, rows = budget - (end - start), rows - 1
+        return shadows
+
+    def reposition(self, running: Sequence[Request]) -> None:
+        """Start of a schedule: move running `qattn` requests to the span they compute next."""
+        for request in running:
+            if (user := self._selecting(request.request_id)) is None:
+                continue
+            start = user.selection.reposition(request.num_computed_tokens)
+            if start is not None:
+                request.num_computed_tokens = start
+                if user.selection.cursor == 0:
+                    self.stats.selections += 1
+                    self.stats.selected_tokens += user.selection.recomputed
+
+    def scored(self, scores: dict[str, list[float] | None]) -> None:
+        """The workers' sums for the pieces scored in a step (None: not scored)."""
+        for rid, sums in scores.items():
+            user = self._selecting(rid)
+            if user is None or not user.selection.pending:
+                continue
+            user.selection.reported(sums)
+            if sums is None:
+                served = "every document computed" if user.selection.target else "without recompute"
+                logger.warning("Chunk Cache: %s could not be scored; served with %s", rid, served)
+            if user.selection.phase is not Phase.AWAITING:
+                self._count_cover(user.selection)
+
+    def _count_cover(self, selection: Selection) -> None:
+        """A request's selection was just made: a `cover` request's coverage and fallback."""
+        if selection.cover is not None:
+            self.stats.coverage.append(selection.cover.coverage)
+        self.stats.cover_fallbacks += selection.fell_back
