@@ -11,12 +11,9 @@ that resolves to the tensor or to `None` for every kind of miss; `cancel()` on i
 starts skips the read. Threads: one writer, two readers, one deadline watcher and one connector,
 whatever the number of operations.
 
-Objects larger than `part_bytes` are stored in parts: `name`, `name/part1`, ... Each part starts
-with a random nonce drawn per write; parts 1.. are written first, `name` last. A reader that finds
-a part missing (Mooncake evicts parts independently) or a part whose nonce is not `name`'s (two
-writers raced) has a miss and removes `name`, and so does one that finds an object corrupt: the
-next writer of the entry (it checks only `name`) writes the whole object again. A reader never
-returns KV of a mixed or partial object, and such an object does not outlive its next read.
+Objects larger than `part_bytes` are stored in parts (`remote_objects`: a reader never returns KV
+of a mixed or partial object, and such an object does not outlive its next read). Whether the
+store works is `remote_health.StoreConnection`'s to tell.
 
 Faults:
 - Store unreachable at start-up or lost mid-run: `up` turns False and one warning is logged per
@@ -45,9 +42,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import queue
-import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -65,15 +60,19 @@ from vllm_ascend_chunk.worker.kv_object import (
     encode,
     object_size,
 )
+from vllm_ascend_chunk.worker.remote_health import StoreConnection
+from vllm_ascend_chunk.worker.remote_objects import (
+    NO_SPACE,
+    Fetched,
+    bound_mooncake_transfers,
+    fetch,
+    mooncake_store_class,
+    put_parts,
+    remove,
+)
 
 logger = logging.getLogger("vllm.chunk_cache")
 
-_PROBE_NAME = "chunk-cache/probe"
-_PROBE_VALUE = b"chunk-cache probe object\n"
-_NO_SPACE = -200
-"""Mooncake's NO_AVAILABLE_HANDLE: the store has no room for the object."""
-_NONCE_BYTES = 8
-"""Each part of a multi-part object starts with its write's nonce."""
 _READERS = 2
 _CORRUPT_LOG_INTERVAL_S = 60.0
 
@@ -117,67 +116,29 @@ class _PendingGet:
         self.settled = False
 
 
-def _bound_mooncake_transfers(timeout_s: float) -> None:
-    seconds = str(max(1, math.ceil(timeout_s)))
-    os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", seconds)
-    os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", seconds)
-    # One attempt per `setup`; the connector thread does the retrying.
-    os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
-
-
-def _mooncake_store_class() -> type:
-    """Mooncake's client class; a missing or unloadable package fails start-up, not a thread."""
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as e:
-        raise RuntimeError(
-            f"Chunk Cache: a remote store is configured but Mooncake Store cannot be loaded ({e}). "
-            "Install it (pip install mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine "
-            "on CUDA; it needs libibverbs1 from your distribution even over TCP), or unset "
-            "VLLM_CHUNK_CACHE_REMOTE_MASTER."
-        ) from e
-    return MooncakeDistributedStore
-
-
-def _reachable(address: str, timeout_s: float) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 class RemoteStore:
     """A Mooncake Store client with background connection, reads and writes (see the module)."""
 
     def __init__(self, config: RemoteConfig, *, local_hostname: str = "127.0.0.1") -> None:
         self.config = config
-        self._hostname = local_hostname
         self._lock = threading.Lock()
         self._stats = RemoteStoreStats()
-        self._client: Any = None  # mooncake.store.MooncakeDistributedStore
-        self._up = False
-        self._ever_up = False
-        self._outage_logged = False
-        self._suspect: str | None = None
-        """Why the store should be probed now (an operation failed), if it should."""
         self._corrupt_logged_at = -math.inf
         self._rejected_logged: set[str] = set()
         """The causes of rejected objects logged so far (`kv_object.REJECTED`)."""
         self.signing_key = SigningKey(config.secret) if config.secret is not None else None
         """Signs every object written and verifies every object read (None: unsigned)."""
         self._closed = threading.Event()
-        self._wake = threading.Event()
-        """Wakes the connector: an operation failed, or `close`."""
         self._queue: queue.SimpleQueue[tuple[str, KVHeader, torch.Tensor, int] | None] = queue.SimpleQueue()
         self._queued_bytes = 0
         self._reads: queue.Queue[_PendingGet | None] = queue.Queue()
         self._in_flight: dict[_PendingGet, float] = {}
         """Reads started → their deadlines (watched by one thread)."""
         self._deadlines = threading.Condition(self._lock)
-        _bound_mooncake_transfers(config.timeout_s)
-        self._store_class = _mooncake_store_class()
+        bound_mooncake_transfers(config.timeout_s)
+        self._conn = StoreConnection(
+            config, local_hostname, mooncake_store_class(), self._lock, self._closed, self._drain_reads
+        )
         self._threads = [
             threading.Thread(target=self._read_loop, name=f"chunk-cache-remote-get{i}", daemon=True)
             for i in range(_READERS)
@@ -186,11 +147,9 @@ class RemoteStore:
             target=self._deadline_loop, name="chunk-cache-remote-deadlines", daemon=True
         )
         self._writer = threading.Thread(target=self._write_loop, name="chunk-cache-remote-put", daemon=True)
-        self._connector = threading.Thread(
-            target=self._connect_loop, name="chunk-cache-remote-connect", daemon=True
-        )
-        for thread in (*self._threads, self._watcher, self._writer, self._connector):
+        for thread in (*self._threads, self._watcher, self._writer):
             thread.start()
+        self._conn.start()
         # A process that exits without `close` (an offline `LLM` script) would end inside
         # Mooncake's threads: the C++ runtime aborts the process (SIGABRT) on the way out.
         atexit.register(self.close)
@@ -198,7 +157,7 @@ class RemoteStore:
     @property
     def up(self) -> bool:
         """Connected, and the last probe of the store succeeded."""
-        return self._up
+        return self._conn.up
 
     def stats(self) -> RemoteStoreStats:
         """A snapshot of the counters."""
@@ -210,7 +169,8 @@ class RemoteStore:
         unless an object of that name exists. Never blocks on the network, never raises."""
         nbytes = kv.numel() * kv.element_size()
         with self._lock:
-            if self._closed.is_set() or not self._up or self._queued_bytes + nbytes > self.config.queue_bytes:
+            full = self._queued_bytes + nbytes > self.config.queue_bytes
+            if self._closed.is_set() or not self._conn.up or full:
                 self._stats.put_drops += 1
                 return
             self._queued_bytes += nbytes
@@ -221,7 +181,7 @@ class RemoteStore:
         foreign, store error or down, not read within `timeout_s` of the read's start, more than
         `read_queue` gets waiting). `cancel()` on the future before the read starts skips it."""
         pending = _PendingGet(name, header)
-        if self._client is None or not self._up or self._closed.is_set():
+        if self._conn.client is None or not self._conn.up or self._closed.is_set():
             self._settle(pending, None, "errors")
         elif self._reads.qsize() >= self.config.read_queue:
             self._settle(pending, None, "misses", "get_drops")
@@ -237,7 +197,7 @@ class RemoteStore:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._wake.set()
+        self._conn.wake()
         self._queue.put(None)
         self._writer.join()
         for _ in self._threads:
@@ -247,9 +207,7 @@ class RemoteStore:
         with self._deadlines:
             self._deadlines.notify()
         self._watcher.join()
-        self._connector.join()
-        with self._lock:
-            client, self._client, self._up = self._client, None, False
+        client = self._conn.stop()
         if client is not None:
             client.close()
 
@@ -260,8 +218,8 @@ class RemoteStore:
             if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
                 self._count("misses", "get_drops")
                 continue
-            client = self._client
-            if client is None or not self._up or self._closed.is_set():
+            client = self._conn.client
+            if client is None or not self._conn.up or self._closed.is_set():
                 self._settle(pending, None, "errors")
                 continue
             with self._deadlines:
@@ -283,64 +241,39 @@ class RemoteStore:
                 for pending in expired:
                     del self._in_flight[pending]
                     self._settle_locked(pending, None, ("misses", "timeouts"))
-                if expired and self._up:  # not a failure yet: the probe tells
-                    self._suspect = self._suspect or f"a read took over {self.config.timeout_s:g} s"
-                    self._wake.set()
+                if expired and self._conn.up:  # not a failure yet: the probe tells
+                    self._conn.suspect_locked(f"a read took over {self.config.timeout_s:g} s")
                 wait = min(self._in_flight.values(), default=now + 1.0) - now
                 self._deadlines.wait(max(wait, 0.001))
 
     def _read(self, client: Any, pending: _PendingGet) -> None:
         name, header = pending.name, pending.header
-        names = self._part_names(name, object_size(header))
         try:
-            first = client.get(name)
-            if not first:
-                # Mooncake answers b"" for absent objects and for failures alike.
-                present = client.is_exist(name)
-                if present == 0:
-                    self._settle(pending, None, "misses")
-                else:  # e.g. its lease expired, or the store failed
-                    self._operation_failed(f"reading {name!r} failed (exists: {present})")
-                    self._settle(pending, None, "errors")
-                return
-            blob: bytes | memoryview = first
-            if len(names) > 1:
-                parts = [memoryview(first)]
-                for part in names[1:]:
-                    if pending.settled:  # past its deadline: no more transfers for it
-                        return
-                    parts.append(memoryview(client.get(part)))
-                nonce = parts[0][:_NONCE_BYTES]
-                if not all(len(p) > _NONCE_BYTES and p[:_NONCE_BYTES] == nonce for p in parts):
-                    # A part evicted, or parts of two writes: rewritable by the next writer.
-                    self._remove(client, name)
-                    self._settle(pending, None, "misses")
-                    return
-                blob = b"".join(p[_NONCE_BYTES:] for p in parts)
+            got = fetch(client, name, object_size(header), self.config.part_bytes, lambda: pending.settled)
         except Exception as e:  # the Mooncake binding: whatever it raises is a store error
-            self._operation_failed(f"reading {name!r} raised {e!r}")
+            self._conn.operation_failed(f"reading {name!r} raised {e!r}")
             self._settle(pending, None, "errors")
             return
+        if isinstance(got, tuple):
+            why, said = got
+            if why is Fetched.FAILED:  # e.g. its lease expired, or the store failed
+                self._conn.operation_failed(f"reading {name!r} failed ({said})")
+                self._settle(pending, None, "errors")
+            elif why is not Fetched.ABANDONED:  # absent, or a part lost or of another write
+                self._settle(pending, None, "misses")
+            return
         try:
-            kv = decode(blob, header, self.signing_key)
+            kv = decode(got, header, self.signing_key)
         except KVObjectError as e:
             if e.rejected:
                 self._log_rejected(name, e)
             else:
                 self._log_corrupt(name, e)
             if e.reason not in ("foreign", "version"):
-                self._remove(client, name)
+                remove(client, name)
             self._settle(pending, None, "rejected" if e.rejected else "corrupt")
             return
-        self._settle(pending, kv, "hits", nbytes=len(blob))
-
-    def _remove(self, client: Any, name: str) -> None:
-        """Remove the object `name` (its first part: what writers check), so that the next writer
-        of the entry writes it again. Forced: this reader's own lease on it does not stop it."""
-        try:
-            client.remove(name, True)
-        except Exception:  # best effort: a failure here leaves a miss, never wrong KV
-            logger.debug("Chunk Cache remote store: removing %r failed", name, exc_info=True)
+        self._settle(pending, kv, "hits", nbytes=len(got))
 
     def _settle(
         self, pending: _PendingGet, value: torch.Tensor | None, *counters: str, nbytes: int = 0
@@ -372,8 +305,8 @@ class RemoteStore:
                     self._queued_bytes -= nbytes
 
     def _write(self, name: str, header: KVHeader, kv: torch.Tensor) -> None:
-        client = self._client  # also after `close` began: the queue is drained first
-        if client is None or not self._up:
+        client = self._conn.client  # also after `close` began: the queue is drained first
+        if client is None or not self._conn.up:
             self._count("put_drops")
             return
         try:
@@ -384,40 +317,18 @@ class RemoteStore:
             return
         try:
             present = client.is_exist(name)
-            rc = self._put_parts(client, name, blob) if present == 0 else None
+            rc = put_parts(client, name, blob, self.config.part_bytes) if present == 0 else None
         except Exception as e:  # the Mooncake binding: whatever it raises is a store error
             present, rc = -1, repr(e)
         if present == 1:
             self._count("put_skips")
         elif rc == 0:
             self._count("puts", bytes_written=len(blob))
-        elif rc == _NO_SPACE:  # the store is full: not a fault
+        elif rc == NO_SPACE:  # the store is full: not a fault
             self._count("put_drops")
         else:
-            self._operation_failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
+            self._conn.operation_failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
             self._count("errors")
-
-    def _part_names(self, name: str, size: int) -> list[str]:
-        """The objects an object of `size` bytes is stored as: `name`, then `name/part<i>` (each
-        part but a lone one carries `_NONCE_BYTES` more)."""
-        count = 1 if size <= self.config.part_bytes else -(-size // (self.config.part_bytes - _NONCE_BYTES))
-        return [name, *(f"{name}/part{i}" for i in range(1, count))]
-
-    def _put_parts(self, client: Any, name: str, blob: bytes) -> int:
-        """Put `blob` as its parts, the first one (`name`, what readers look for) last; the first
-        nonzero return code (the parts written are removed then), or 0."""
-        names = self._part_names(name, len(blob))
-        if len(names) == 1:
-            return client.put(name, blob)
-        # Upserts: a part left by an earlier write of this name (its first part evicted or removed)
-        # is replaced, not kept, as `put` would.
-        step, view, nonce = self.config.part_bytes - _NONCE_BYTES, memoryview(blob), os.urandom(_NONCE_BYTES)
-        for n, i in enumerate([*range(1, len(names)), 0]):
-            if rc := client.upsert_parts(names[i], nonce, view[i * step : (i + 1) * step]):
-                for j in range(1, 1 + n):  # complete or absent
-                    self._remove(client, names[j])
-                return rc
-        return 0
 
     def _count(self, *counters: str, bytes_written: int = 0) -> None:
         with self._lock:
@@ -455,22 +366,8 @@ class RemoteStore:
             error,
         )
 
-    # Connection.
-
-    def _operation_failed(self, reason: str) -> None:
-        """An operation failed: the connector probes the store (only a failed probe is an outage)."""
-        with self._lock:
-            if not self._up or self._closed.is_set():
-                return
-            self._suspect = self._suspect or reason
-        self._wake.set()
-
-    def _failed(self, reason: str) -> None:
-        with self._lock:
-            self._up = False
-            first = not self._outage_logged
-            self._outage_logged = True
-        # Reads waiting behind readers stuck in the failed store resolve now.
+    def _drain_reads(self) -> None:
+        """The store went down: reads waiting behind readers stuck in it resolve now."""
         while not self._closed.is_set():
             try:
                 pending = self._reads.get_nowait()
@@ -483,92 +380,3 @@ class RemoteStore:
                 self._settle(pending, None, "errors")
             else:
                 self._count("misses", "get_drops")
-        if first:
-            logger.warning(
-                "Chunk Cache remote store (Mooncake master %s) unavailable: %s; remote reads "
-                "miss and writes are dropped until it is back (retrying every %g s)",
-                self.config.master,
-                reason,
-                self.config.retry_s,
-            )
-
-    def _connected(self) -> None:
-        with self._lock:
-            self._up = True
-            self._suspect = None
-            again, self._ever_up = self._ever_up, True
-            self._outage_logged = False
-        logger.info(
-            "Chunk Cache remote store %s Mooncake master %s",
-            "is back:" if again else "connected to",
-            self.config.master,
-        )
-
-    def _connect_loop(self) -> None:
-        while not self._closed.is_set():
-            if not self._up:
-                try:
-                    self._reconnect()
-                except Exception as e:  # the Mooncake binding: this thread must go on retrying
-                    self._failed(f"connecting raised {e!r}")
-            elif self._suspect is not None:
-                with self._lock:
-                    suspect, self._suspect = self._suspect, None
-                if (failure := self._probe(self._client)) is not None:
-                    self._failed(f"{failure}, after {suspect}")
-            self._wake.wait(self.config.retry_s)
-            self._wake.clear()
-
-    def _probe(self, client: Any) -> str | None:
-        """Why the store does not work now, or None: the master is reachable and answers, and the
-        probe object reads within `timeout_s` (or, absent, can be written, or the store is full)."""
-        if not _reachable(self.config.master, min(1.0, self.config.retry_s)):
-            return f"no master listening at {self.config.master}"
-        start = time.monotonic()
-        try:
-            present = client.is_exist(_PROBE_NAME)
-            if present < 0:
-                return f"the master does not answer (exists: {present})"
-            if present == 0:
-                rc = client.put(_PROBE_NAME, _PROBE_VALUE)
-                if rc not in (0, _NO_SPACE):
-                    return f"writing the probe object failed ({rc})"
-            elif client.get(_PROBE_NAME) != _PROBE_VALUE and client.is_exist(_PROBE_NAME) != 0:
-                return "reading the probe object failed"
-        except Exception as e:  # the Mooncake binding: whatever it raises is a store error
-            return f"the probe raised {e!r}"
-        took = time.monotonic() - start
-        if took > self.config.timeout_s:
-            return f"the probe took {took:.1f} s"
-        return None
-
-    def _reconnect(self) -> None:
-        if not _reachable(self.config.master, min(1.0, self.config.retry_s)):
-            self._failed(f"no master listening at {self.config.master}")
-            return
-        client = self._client
-        # The Mooncake client reconnects to a restarted master by itself: a new one only when the
-        # master does not answer this one.
-        if client is None or client.is_exist(_PROBE_NAME) < 0:
-            client = self._store_class()
-            rc = client.setup(
-                self._hostname,
-                self.config.metadata_server,
-                self.config.segment_bytes,
-                self.config.buffer_bytes,
-                self.config.protocol,
-                self.config.device_name,
-                self.config.master,
-            )
-            if rc != 0:
-                self._failed(f"Mooncake client setup returned {rc}")
-                return
-            if self._closed.is_set():
-                client.close()
-                return
-            # A replaced client is released when the last read still using it returns.
-            self._client = client
-        if (failure := self._probe(client)) is not None:
-            self._failed(failure)
-            return
-        self._connected()

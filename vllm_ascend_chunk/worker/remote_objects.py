@@ -1,0 +1,156 @@
+"""The object protocol of the remote store, over a Mooncake Store client (no threads, no state):
+multi-part objects, their removal, and the probe that tells whether the store works.
+
+Objects larger than `part_bytes` are stored in parts: `name`, `name/part1`, ... Each part starts
+with a random nonce drawn per write; parts 1.. are written first, `name` last. A reader that finds
+a part missing (Mooncake evicts parts independently) or a part whose nonce is not `name`'s (two
+writers raced) has a miss and removes `name`: the next writer of the entry (it checks only `name`)
+writes the whole object again. A reader never gets the bytes of a mixed or partial object.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("vllm.chunk_cache")
+
+PROBE_NAME = "chunk-cache/probe"
+PROBE_VALUE = b"chunk-cache probe object\n"
+NO_SPACE = -200
+"""Mooncake's NO_AVAILABLE_HANDLE: the store has no room for the object."""
+NONCE_BYTES = 8
+"""Each part of a multi-part object starts with its write's nonce."""
+
+
+class Fetched(enum.Enum):
+    """Why `fetch` returned no bytes."""
+
+    ABSENT = "absent"
+    FAILED = "failed"
+    """The store answered with an error (the object exists but could not be read)."""
+    INCOMPLETE = "incomplete"
+    """A part lost, or parts of two writes: the object was removed."""
+    ABANDONED = "abandoned"
+    """The caller gave up on it between parts."""
+
+
+def part_names(name: str, size: int, part_bytes: int) -> list[str]:
+    """The objects an object of `size` bytes is stored as: `name`, then `name/part<i>` (each
+    part but a lone one carries `NONCE_BYTES` more)."""
+    count = 1 if size <= part_bytes else -(-size // (part_bytes - NONCE_BYTES))
+    return [name, *(f"{name}/part{i}" for i in range(1, count))]
+
+
+def put_parts(client: Any, name: str, blob: bytes, part_bytes: int) -> int:
+    """Put `blob` as its parts, the first one (`name`, what readers look for) last; the first
+    nonzero return code (the parts written are removed then), or 0."""
+    names = part_names(name, len(blob), part_bytes)
+    if len(names) == 1:
+        return client.put(name, blob)
+    # Upserts: a part left by an earlier write of this name (its first part evicted or removed)
+    # is replaced, not kept, as `put` would.
+    step, view, nonce = part_bytes - NONCE_BYTES, memoryview(blob), os.urandom(NONCE_BYTES)
+    for n, i in enumerate([*range(1, len(names)), 0]):
+        if rc := client.upsert_parts(names[i], nonce, view[i * step : (i + 1) * step]):
+            for j in range(1, 1 + n):  # complete or absent
+                remove(client, names[j])
+            return rc
+    return 0
+
+
+def fetch(
+    client: Any, name: str, size: int, part_bytes: int, abandoned: Callable[[], bool]
+) -> bytes | memoryview | tuple[Fetched, str]:
+    """The bytes of the object `name` of `size` bytes, or why not (and, for a failure, what the
+    store said). Raises whatever the Mooncake binding raises."""
+    names = part_names(name, size, part_bytes)
+    first = client.get(name)
+    if not first:
+        # Mooncake answers b"" for absent objects and for failures alike.
+        present = client.is_exist(name)
+        return (Fetched.ABSENT, "") if present == 0 else (Fetched.FAILED, f"exists: {present}")
+    if len(names) == 1:
+        return first
+    parts = [memoryview(first)]
+    for part in names[1:]:
+        if abandoned():  # past its deadline: no more transfers for it
+            return Fetched.ABANDONED, ""
+        parts.append(memoryview(client.get(part)))
+    nonce = parts[0][:NONCE_BYTES]
+    if not all(len(p) > NONCE_BYTES and p[:NONCE_BYTES] == nonce for p in parts):
+        remove(client, name)  # rewritable by the next writer
+        return Fetched.INCOMPLETE, ""
+    return b"".join(p[NONCE_BYTES:] for p in parts)
+
+
+def remove(client: Any, name: str) -> None:
+    """Remove the object `name` (its first part: what writers check), so that the next writer
+    of the entry writes it again. Forced: this reader's own lease on it does not stop it."""
+    try:
+        client.remove(name, True)
+    except Exception:  # best effort: a failure here leaves a miss, never wrong KV
+        logger.debug("Chunk Cache remote store: removing %r failed", name, exc_info=True)
+
+
+def reachable(address: str, timeout_s: float) -> bool:
+    """Whether something listens at `host:port`."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def probe(client: Any, master: str, connect_s: float, timeout_s: float) -> str | None:
+    """Why the store does not work now, or None: the master is reachable and answers, and the
+    probe object reads within `timeout_s` (or, absent, can be written, or the store is full)."""
+    if not reachable(master, connect_s):
+        return f"no master listening at {master}"
+    start = time.monotonic()
+    try:
+        present = client.is_exist(PROBE_NAME)
+        if present < 0:
+            return f"the master does not answer (exists: {present})"
+        if present == 0:
+            rc = client.put(PROBE_NAME, PROBE_VALUE)
+            if rc not in (0, NO_SPACE):
+                return f"writing the probe object failed ({rc})"
+        elif client.get(PROBE_NAME) != PROBE_VALUE and client.is_exist(PROBE_NAME) != 0:
+            return "reading the probe object failed"
+    except Exception as e:  # the Mooncake binding: whatever it raises is a store error
+        return f"the probe raised {e!r}"
+    took = time.monotonic() - start
+    if took > timeout_s:
+        return f"the probe took {took:.1f} s"
+    return None
+
+
+def bound_mooncake_transfers(timeout_s: float) -> None:
+    """Mooncake's TCP transfers bounded by `timeout_s` (process-wide, unless already set)."""
+    seconds = str(max(1, math.ceil(timeout_s)))
+    os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", seconds)
+    os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", seconds)
+    # One attempt per `setup`; the connector thread does the retrying.
+    os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+
+
+def mooncake_store_class() -> type:
+    """Mooncake's client class; a missing or unloadable package fails start-up, not a thread."""
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as e:
+        raise RuntimeError(
+            f"Chunk Cache: a remote store is configured but Mooncake Store cannot be loaded ({e}). "
+            "Install it (pip install mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine "
+            "on CUDA; it needs libibverbs1 from your distribution even over TCP), or unset "
+            "VLLM_CHUNK_CACHE_REMOTE_MASTER."
+        ) from e
+    return MooncakeDistributedStore
