@@ -16,42 +16,36 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from vllm_ascend_chunk import layouts
+from vllm_ascend_chunk.config_kinds import (
+    METADATA_SCHEMES,
+    MIN_SECRET_BYTES,
+    Kind,
+    at_least_one,
+    choice,
+    master_address,
+    metadata_url,
+    named,
+    non_blank,
+    number,
+    secret_file,
+    secret_text,
+    unless_blank,
+)
+from vllm_ascend_chunk.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 HASH_ALGORITHMS = {"sha256": "sha256_cbor", "xxhash": "xxhash_cbor"}
 """Our names → the vLLM hash function (`vllm.utils.hashing.get_hash_fn_by_name`)."""
 LAYOUTS = tuple(layouts.LAYOUTS)
-SELECT_RUNS = 16
-"""Runs a `qattn:R` request computes its selected tokens in, unless it names another (`qattn:R/M`)."""
-MAX_SELECT_RUNS = 256
-COVER_CEILING = 0.2
-"""The most of the document region a `cover:TAU` request recomputes before it falls back to
-computing every document, unless it names another (`cover:TAU/RMAX`)."""
-RECOVERY_ACCEPTED = (
-    f"none, last (= last:1), last:K with K >= 1, qattn:R[/M] with 0 < R <= 1 and "
-    f"1 <= M <= {MAX_SELECT_RUNS}, or cover:TAU[/RMAX[/RMIN]] with 0 < TAU <= 1 and "
-    f"0 <= RMIN <= RMAX <= 1 (RMAX default {COVER_CEILING:g}, RMIN default 0)"
-)
-"""Recovery modes (`frontend.recovery`): `last:K` computes the last K documents with the question;
-`qattn:R` the fraction R of the document tokens the question attends to most, in M runs;
-`cover:TAU` the fewest windows that cover the fraction TAU of the question's attention over the
-documents, between RMIN and RMAX of the region, or every document where RMAX does not reach it."""
-
-
 PROTOCOLS = ("tcp", "rdma")
 """Mooncake transports the remote tier is built for."""
-METADATA_SCHEMES = ("http", "https", "etcd", "redis")
 MIN_TIMEOUT_S = 0.01
-MIN_SECRET_BYTES = 16
-"""The shortest remote-store secret accepted (`openssl rand -hex 32` makes one of 64)."""
 _MIB = 1 << 20
 _GIB = 1 << 30
 
@@ -64,154 +58,6 @@ def bool_word(value: str) -> bool | None:
     """True or False for a switch word of `TRUE_WORDS` / `FALSE_WORDS` (any case), else None."""
     word = value.strip().lower()
     return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
-
-
-@dataclasses.dataclass(frozen=True)
-class Recovery:
-    """A recovery mode: the last `docs` documents computed with the question (`last:K`), or the
-    fraction `select` of the document tokens the question attends to most, computed in at most
-    `runs` runs (`qattn:R[/M]`), or the fewest windows that cover the fraction `cover` of the
-    question's attention over the documents, between `floor` and `select` of the region
-    (`cover:TAU[/RMAX[/RMIN]]`; `docs/design.md`, Recovery)."""
-
-    docs: int = 0
-    select: float = 0.0
-    runs: int = 0
-    cover: float = 0.0
-    floor: float = 0.0
-
-    @property
-    def name(self) -> str:
-        if self.cover:
-            bounds = [self.select] + ([self.floor] if self.floor else [])
-            shown = "" if bounds == [COVER_CEILING] else "".join(f"/{b:g}" for b in bounds)
-            return f"cover:{self.cover:g}{shown}"
-        if self.select:
-            return f"qattn:{self.select:g}" + ("" if self.runs == SELECT_RUNS else f"/{self.runs}")
-        return "none" if self.docs == 0 else "last" if self.docs == 1 else f"last:{self.docs}"
-
-
-def recovery_of(mode: str) -> Recovery | None:
-    """The recovery mode `mode` names (`RECOVERY_ACCEPTED`, any case), or None."""
-    word = mode.strip().lower()
-    if word in ("none", "last"):
-        return Recovery(docs=int(word == "last"))
-    head, _, arg = word.partition(":")
-    if head == "last":
-        return Recovery(docs=int(arg)) if arg.isdecimal() and int(arg) >= 1 else None
-    if head == "cover":
-        return _cover_of(arg)
-    if head != "qattn":
-        return None
-    fraction, slash, runs = arg.partition("/")
-    try:
-        select = float(fraction)
-    except ValueError:
-        return None
-    runs = runs if slash else str(SELECT_RUNS)
-    if not 0 < select <= 1 or not (runs.isdecimal() and 1 <= int(runs) <= MAX_SELECT_RUNS):
-        return None
-    return Recovery(select=select, runs=int(runs))
-
-
-def _fractions(text: str) -> list[float] | None:
-    """The numbers of `text` separated by `/` (None if one is not a finite number)."""
-    try:
-        values = [float(part) for part in text.split("/")]
-    except ValueError:
-        return None
-    return values if all(math.isfinite(v) for v in values) else None
-
-
-def _cover_of(arg: str) -> Recovery | None:
-    """`cover:TAU[/RMAX[/RMIN]]` (`arg` after the colon), or None."""
-    values = _fractions(arg)
-    if values is None or len(values) > 3:
-        return None
-    tau, ceiling, floor = [*values, *(COVER_CEILING, 0.0)[len(values) - 1 :]]
-    if not (0 < tau <= 1 and 0 <= floor <= ceiling <= 1):
-        return None
-    return Recovery(select=ceiling, runs=SELECT_RUNS, cover=tau, floor=floor)
-
-
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """What a variable accepts: `parse` turns its text into the value and raises `ValueError` for
-    text outside `accepted`."""
-
-    parse: Callable[[str], Any]
-    accepted: str = ""
-    """The accepted values, in the words of the error and of the docs table (empty: any text)."""
-    strip: bool = True
-    """Whether the text is stripped before `parse` (an error then quotes it stripped)."""
-    secret: bool = False
-    """Whether the text is a secret: an error says its length, never the text."""
-
-
-def _named(value: Any) -> Any:
-    """`value`, or `ValueError` when it is None: the text names nothing accepted."""
-    if value is None:
-        raise ValueError("not an accepted value")
-    return value
-
-
-def _number(ok: Callable[[float], bool], accepted: str, unit: int = 0) -> Kind:
-    """A finite number that `ok` accepts; with `unit`, a count of units turned into bytes."""
-
-    def parse(text: str) -> float | int:
-        value = float(text)
-        if not math.isfinite(value) or not ok(value):
-            raise ValueError(text)
-        return int(value * unit) if unit else value
-
-    return Kind(parse, accepted)
-
-
-def _choice(choices: tuple[str, ...]) -> Kind:
-    """One of `choices`, in any case."""
-    return Kind(lambda text: _named(text.lower() if text.lower() in choices else None), ", ".join(choices))
-
-
-def _unless_blank(kind: Kind) -> Kind:
-    """`kind`, or None for blank text (the variable unset)."""
-    return Kind(lambda text: kind.parse(text) if text else None, kind.accepted, secret=kind.secret)
-
-
-def _at_least_one(text: str) -> int:
-    """A whole number >= 1."""
-    return _named(int(text) if text.isdecimal() and int(text) >= 1 else None)
-
-
-def _secret(raw: bytes) -> bytes:
-    """A secret of at least `MIN_SECRET_BYTES` bytes, surrounding whitespace stripped."""
-    secret = raw.strip()
-    return _named(secret if len(secret) >= MIN_SECRET_BYTES else None)
-
-
-def _secret_file(path: str) -> bytes:
-    """The secret held by the file at `path` (`_secret`)."""
-    try:
-        with open(path, "rb") as f:
-            return _secret(f.read())
-    except OSError as e:
-        raise ValueError(path) from e
-
-
-def _non_blank(text: str) -> str:
-    """Text that is not blank, stripped."""
-    return _named(text.strip() or None)
-
-
-def _master_address(text: str) -> str:
-    """`host:port`, the port in 1-65535."""
-    host, _, port = text.rpartition(":")
-    return _named(text if host and port.isdecimal() and 0 < int(port) < 65536 else None)
-
-
-def _metadata_url(text: str) -> str:
-    """A URL of a `METADATA_SCHEMES` scheme, with a host."""
-    url = urlsplit(text)
-    return _named(text if url.scheme in METADATA_SCHEMES and url.hostname else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,14 +100,14 @@ SETTINGS = (
     Variable(
         "VLLM_ENABLE_CHUNK_CACHE",
         "enabled",
-        Kind(lambda text: _named(bool_word(text)), "/".join(TRUE_WORDS) + " or " + "/".join(FALSE_WORDS)),
+        Kind(lambda text: named(bool_word(text)), "/".join(TRUE_WORDS) + " or " + "/".join(FALSE_WORDS)),
         "true",
         "master switch; `false` = exactly unpatched behaviour",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_SIZE_GB",
         "size_gb",
-        _unless_blank(_number(lambda v: v > 0, "a number greater than 0")),
+        unless_blank(number(lambda v: v > 0, "a number greater than 0")),
         "",
         "device pool size (GiB per worker), taken out of the KV memory",
         shown_default="unset: 1/4 of the KV cache memory, at least 256 MiB, at most 8 GiB "
@@ -270,28 +116,28 @@ SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
         "lru_threshold",
-        _number(lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        number(lambda v: 0 < v <= 1, "a number in (0, 1]"),
         "0.9",
         "pool usage at which unpinned LRU entries are evicted",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_HASH_ALGORITHM",
         "hash_algorithm",
-        _choice(tuple(HASH_ALGORITHMS)),
+        choice(tuple(HASH_ALGORITHMS)),
         "sha256",
         "the hash of the cache keys, vLLM's `sha256_cbor` or `xxhash_cbor`",
     ),
     Variable(
         "VLLM_CHUNK_DELIMITER",
         "delimiter",
-        Kind(_non_blank, "any text that is not blank", strip=False),
+        Kind(non_blank, "any text that is not blank", strip=False),
         "# #",
         "the delimiter",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_LAYOUT",
         "layout",
-        _choice(LAYOUTS),
+        choice(LAYOUTS),
         "sequential",
         "the positions of the documents ([how it works](docs/how-it-works.md)); unset, a model "
         "whose RoPE a rotation cannot move gets `overlap`",
@@ -299,7 +145,7 @@ SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_RECOVERY",
         "recovery",
-        Kind(lambda text: _named(recovery_of(text)), RECOVERY_ACCEPTED),
+        Kind(lambda text: named(recovery_of(text)), RECOVERY_ACCEPTED),
         "none",
         "the last (K) documents, or the document tokens the question attends to most (`qattn:R`; "
         "`cover:TAU`: as many as cover TAU of its attention, else every document), are computed "
@@ -308,7 +154,7 @@ SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_HOST_GB",
         "host_gb",
-        _number(lambda v: v >= 0, "a number >= 0"),
+        number(lambda v: v >= 0, "a number >= 0"),
         "0",
         "host memory for entries evicted from the device pool, read back instead of recomputed",
         shown_default="`0` (off)",
@@ -316,14 +162,14 @@ SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_MAX_DOCS",
         "max_docs",
-        Kind(_at_least_one, "a whole number >= 1"),
+        Kind(at_least_one, "a whole number >= 1"),
         "4096",
         "the most documents one request may bring (more: HTTP 400) ([limits](docs/limits.md))",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS",
         "max_request_tokens",
-        Kind(_at_least_one, "a whole number >= 1"),
+        Kind(at_least_one, "a whole number >= 1"),
         "32768",
         "the most tokens of device pool one request may hold: its SYS and distinct documents, each "
         "rounded up to 16-token pages (more: HTTP 400), so that one request cannot flush the pool",
@@ -334,7 +180,7 @@ REMOTE_SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_MASTER",
         "master",
-        _unless_blank(Kind(_master_address, "host:port of a mooncake_master (port 1-65535)")),
+        unless_blank(Kind(master_address, "host:port of a mooncake_master (port 1-65535)")),
         "",
         "documents are shared through its Mooncake Store ([tiers](docs/tiers.md))",
         shown_default="empty (off)",
@@ -343,7 +189,7 @@ REMOTE_SETTINGS = (
         "VLLM_CHUNK_CACHE_REMOTE_METADATA",
         "metadata_server",
         Kind(
-            _metadata_url,
+            metadata_url,
             "a Mooncake metadata server URL: " + ", ".join(f"{s}://host:port/..." for s in METADATA_SCHEMES),
         ),
         "http://{host}:8080/metadata",
@@ -352,7 +198,7 @@ REMOTE_SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_PROTOCOL",
         "protocol",
-        _choice(PROTOCOLS),
+        choice(PROTOCOLS),
         "tcp",
         "the Mooncake transport",
     ),
@@ -366,14 +212,14 @@ REMOTE_SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_SEGMENT_GB",
         "segment_bytes",
-        _number(lambda v: v >= 0, "a number >= 0", unit=_GIB),
+        number(lambda v: v >= 0, "a number >= 0", unit=_GIB),
         "0",
         "memory this instance lends the store (0: a store process holds the objects)",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S",
         "timeout_s",
-        _number(
+        number(
             lambda v: v >= MIN_TIMEOUT_S,
             f"a number of seconds >= {MIN_TIMEOUT_S:g} (no read completes sooner)",
         ),
@@ -383,7 +229,7 @@ REMOTE_SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_PART_MB",
         "part_bytes",
-        _number(lambda v: 0.001 <= v <= 16, "a number of MiB in [0.001, 16]", unit=_MIB),
+        number(lambda v: 0.001 <= v <= 16, "a number of MiB in [0.001, 16]", unit=_MIB),
         "16",
         "remote objects larger than this are stored in parts",
     ),
@@ -398,9 +244,11 @@ REMOTE_SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_SECRET",
         "secret",
-        _unless_blank(
+        unless_blank(
             Kind(
-                lambda text: _secret(text.encode()), f"text of at least {MIN_SECRET_BYTES} bytes", secret=True
+                lambda text: secret_text(text.encode()),
+                f"text of at least {MIN_SECRET_BYTES} bytes",
+                secret=True,
             )
         ),
         "",
@@ -411,7 +259,7 @@ REMOTE_SETTINGS = (
     Variable(
         "VLLM_CHUNK_CACHE_REMOTE_SECRET_FILE",
         "secret_file",
-        _unless_blank(Kind(_secret_file, f"a readable file holding at least {MIN_SECRET_BYTES} bytes")),
+        unless_blank(Kind(secret_file, f"a readable file holding at least {MIN_SECRET_BYTES} bytes")),
         "",
         "the secret, read from this file (set this or `VLLM_CHUNK_CACHE_REMOTE_SECRET`, not both)",
     ),

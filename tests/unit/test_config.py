@@ -1,7 +1,8 @@
 import pytest
 
 from tests.helpers import REPO
-from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError, Recovery, docs_table
+from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError, docs_table
+from vllm_ascend_chunk.recovery_modes import Recovery
 
 
 def test_defaults_match_the_design():
