@@ -8,8 +8,6 @@ settings (no vLLM plugin loaded, no configuration read: it checks), then for eac
 reads on stdin (one JSON line: argv, env, cwd, stdout and stderr paths) forks a child that takes
 that environment and working directory whole, as a fresh process would, and runs
 `engine_runner.main`; it answers the child's pid, then its exit status (one JSON line each).
-What torch itself reads from the environment when it is imported (`TORCHINDUCTOR_*`, `OMP_*`) is
-the zygote's: a test that needs another value of those starts its engine as a process of its own.
 """
 
 from __future__ import annotations
