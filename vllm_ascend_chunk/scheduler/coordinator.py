@@ -83,8 +83,6 @@ class ChunkCacheCoordinator:
             host_pages=geometry.num_host_pages,
             token_bytes=geometry.bytes_per_token,
         )
-        self.has_remote = has_remote
-        """A remote store is configured: computed entries are written to it, missing ones read."""
         self.remote = RemoteReads(self.manager, has_remote)
         self.users: dict[str, UserRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)
@@ -92,6 +90,11 @@ class ChunkCacheCoordinator:
         self._blocked: str | None = None
         """The request the pool could not take at the last `plan`, if any."""
         self._step = StepBuilder()
+
+    @property
+    def has_remote(self) -> bool:
+        """A remote store is configured: computed entries are written to it, missing ones read."""
+        return self.remote.enabled
 
     @property
     def prefills(self) -> dict[str, ChunkPrefill]:
