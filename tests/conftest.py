@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.stale_shm import remove_stale_segments
 
 MODELS = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
 
@@ -38,11 +39,14 @@ def pytest_addoption(parser) -> None:
 def pytest_configure(config) -> None:
     """Torch inductor's vector-ISA probe (~15 s per engine process) runs once per test run:
     tests/helpers/site/sitecustomize.py memoizes it here and in every child process. Under
-    pytest-xdist the controller makes the memo and its workers inherit it."""
+    pytest-xdist the controller makes the memo and its workers inherit it. The controller also
+    removes the shared-memory segments that killed CPU workers of earlier runs left behind
+    (tests/helpers/stale_shm.py): a TP or PP engine that draws a leftover's port cannot start."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         memo = tempfile.mkdtemp(prefix="chunk-cache-isa-probe-")
         config.isa_probe_memo = memo
         os.environ["CHUNK_CACHE_TEST_ISA_MEMO"] = memo
+        config.stale_shm_removed = remove_stale_segments()
     site = str(REPO / "tests" / "helpers" / "site")
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if site not in paths:
@@ -115,6 +119,12 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
+    removed = getattr(config, "stale_shm_removed", [])
+    if removed:
+        terminalreporter.write_line(
+            f"removed {len(removed)} stale vLLM CPU shared-memory segments before the run "
+            f"(tests/helpers/stale_shm.py), e.g. {removed[0]}"
+        )
     if not _wall_times:
         return
     terminalreporter.write_sep("=", "wall time per test directory (fixtures included where first used)")
