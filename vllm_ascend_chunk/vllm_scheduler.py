@@ -16,12 +16,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.output import NewRequestData
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_ascend_chunk.connector import chunk_connector_of
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
+from vllm_ascend_chunk.shadow_rows import ShadowRows
+from vllm_ascend_chunk.stats_relay import StatsRelay
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -45,11 +46,11 @@ class _ChunkCacheSchedulerMixin:
         self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
         )
-        # Rows that are not requests: only where nothing else reads the step's requests (another
-        # connector would see them) or keeps steps in flight (pipeline parallelism).
         only_chunk_cache = self.connector is self.chunk_connector
-        self._shadows_allowed = only_chunk_cache and not self.use_pp and not self.enable_return_routed_experts
-        self._shadow_ids: set[str] = set()
+        self._shadow_rows = ShadowRows(
+            only_chunk_cache and not self.use_pp and not self.enable_return_routed_experts, self._own_request
+        )
+        self._stats = StatsRelay(self.connector, chunk_connector)
 
     def schedule(self):
         for prefill in self.chunk_connector.plan():
@@ -59,36 +60,16 @@ class _ChunkCacheSchedulerMixin:
 
     def _build_kv_connector_meta(self, connector, scheduler_output):
         """vLLM's, once the `qattn` runs this step also computes are in the output."""
-        if self._shadows_allowed:
-            self._add_shadow_runs(scheduler_output)
+        self._shadow_rows.add(scheduler_output, self.chunk_connector, self)
         return super()._build_kv_connector_meta(connector, scheduler_output)
 
-    def _add_shadow_runs(self, out) -> None:
-        """Each run `shadow_runs` hands out, as a new request of one step for the model runner: the
-        request's tokens and blocks, its run's tokens scheduled (a partial prefill: nothing is
-        sampled). The scheduler does not know it; the runner drops it at the next step."""
-        budget = self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
-        rows = self.max_num_running_reqs - len(out.num_scheduled_tokens)
-        for shadow in self.chunk_connector.shadow_runs(out.num_scheduled_tokens, budget, rows):
-            request = self._own_request(shadow.request_id, shadow.parent.prompt_token_ids, shadow.parent)
-            request.num_computed_tokens = shadow.start
-            block_ids = self.kv_cache_manager.get_block_ids(shadow.parent.request_id)
-            token_ids = request._all_token_ids if self.use_v2_model_runner else None
-            out.scheduled_new_reqs.append(NewRequestData.from_request(request, block_ids, token_ids))
-            out.num_scheduled_tokens[shadow.request_id] = shadow.end - shadow.start
-            out.total_num_scheduled_tokens += shadow.end - shadow.start
-            self._shadow_ids.add(shadow.request_id)
-        if self._shadow_ids:  # a shadow's context ends before its request's: no shared prefix
-            out.num_common_prefix_blocks = [0] * len(out.num_common_prefix_blocks)
-
     def _update_after_schedule(self, scheduler_output) -> None:
-        """vLLM's for its requests; this step's shadow runs are finished for the runner next step."""
+        """vLLM's for its requests; this step's shadow rows are finished for the runner next step."""
         scheduled = scheduler_output.num_scheduled_tokens
-        shadows = {rid: scheduled.pop(rid) for rid in self._shadow_ids}
+        shadows = self._shadow_rows.take(scheduled)
         super()._update_after_schedule(scheduler_output)
         scheduled.update(shadows)
-        self.finished_req_ids |= self._shadow_ids
-        self._shadow_ids = set()
+        self.finished_req_ids |= shadows.keys()
 
     def chunk_token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """Tokens `request` may compute this step (`scheduler_hooks.cap_new_tokens`)."""
@@ -131,7 +112,7 @@ class _ChunkCacheSchedulerMixin:
                 eco.outputs = [o for o in eco.outputs if o.request_id not in hidden]
                 if eco.finished_requests:
                     eco.finished_requests -= hidden
-        self._deliver_stats(outputs)
+        self._stats.deliver(outputs)
         return outputs
 
     def _drop_finished_skipped(self) -> None:
@@ -145,26 +126,6 @@ class _ChunkCacheSchedulerMixin:
         """
         if finished := [r for r in self.skipped_waiting if r.is_finished()]:
             self.skipped_waiting.remove_requests(finished)
-
-    def _deliver_stats(self, outputs) -> None:
-        """The payload goes with stats a frontend records: those of a step with outputs (vLLM's
-        offline engine drops the others); otherwise it is taken out and its increments wait."""
-        for eco in outputs.values():
-            if eco.scheduler_stats is None or (payload := self._payload(eco.scheduler_stats)) is None:
-                continue
-            if eco.outputs:
-                self.chunk_connector.stats_delivered(payload)
-            elif self.connector is self.chunk_connector:
-                eco.scheduler_stats.kv_connector_stats = None
-            else:
-                del eco.scheduler_stats.kv_connector_stats[type(self.chunk_connector).__name__]
-
-    def _payload(self, stats) -> dict | None:
-        """The chunk cache payload in `stats` (`make_stats` put it there), or None."""
-        data = stats.kv_connector_stats
-        if self.connector is self.chunk_connector or not data:
-            return data
-        return data.get(type(self.chunk_connector).__name__, {}).get("data")
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         super()._preempt_request(request, timestamp)
@@ -180,18 +141,10 @@ class _ChunkCacheSchedulerMixin:
         return reset
 
     def make_stats(self, *args, **kwargs):
-        """vLLM's stats plus the chunk cache payload, in the slot vLLM keeps for connector stats;
-        next to other connectors, under its class name among theirs, as `MultiConnector` keeps
-        them (in the serialized form `{"data": ...}` it rebuilds by connector name)."""
+        """vLLM's stats plus the chunk cache payload (`StatsRelay.attach`)."""
         stats = super().make_stats(*args, **kwargs)
-        if stats is None:
-            return stats
-        payload = self.chunk_connector.stats_payload()
-        if self.connector is self.chunk_connector:
-            stats.kv_connector_stats = payload
-        else:
-            name = type(self.chunk_connector).__name__
-            stats.kv_connector_stats = {**(stats.kv_connector_stats or {}), name: {"data": payload}}
+        if stats is not None:
+            self._stats.attach(stats)
         return stats
 
 
