@@ -33,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiKVConnectorMetadata,
 )
 
-from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.engine_config import engine_settings
 from vllm_ascend_chunk.geometry import pool_geometry, stage_geometry
 from vllm_ascend_chunk.metrics import (
     INCREMENTS,
@@ -64,9 +64,13 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             block_size = _single_group(kv_cache_config).kv_cache_spec.block_size
             priority = vllm_config.scheduler_config.policy == "priority"
-            has_remote = get_config().remote_config is not None
+            settings = engine_settings(vllm_config)
             self.coordinator = ChunkCacheCoordinator(
-                pool_geometry(vllm_config), block_size, priority_order=priority, has_remote=has_remote
+                pool_geometry(vllm_config),
+                block_size,
+                priority_order=priority,
+                has_remote=settings.remote_config is not None,
+                settings=settings,
             )
         else:
             from vllm.distributed.parallel_state import get_pp_group, model_parallel_is_initialized

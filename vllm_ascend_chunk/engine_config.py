@@ -16,19 +16,22 @@ import dataclasses
 import logging
 import os
 
-from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.config import ChunkCacheConfig, get_config
 from vllm_ascend_chunk.geometry import (
     AUTO_FRACTION,
     PAGES_KEY,
     auto_pool_bytes,
     configured_pages,
     pool_shape,
+    recorded,
 )
 from vllm_ascend_chunk.ops.rotary import LINEAR_ROPE_TYPES
 
 logger = logging.getLogger("vllm.chunk_cache")
 
 LAYOUT_ENV = "VLLM_CHUNK_CACHE_LAYOUT"
+LAYOUT_KEY = "chunk_cache_layout"
+"""Where an engine's config records its layout (`kv_connector_extra_config`)."""
 
 CONNECTOR = "ChunkCacheConnector"
 MULTI_CONNECTOR = "ChunkCacheMultiConnector"
@@ -54,32 +57,43 @@ def configure(vllm_config) -> None:
         logger.warning("Chunk Cache is off for this engine: %s", reason)
         return
     _refuse_conflicts(vllm_config)
-    _fall_back_to_overlap(model)
+    layout = _layout_for(model)
     _decide_hma_for_the_users_connectors(vllm_config)
     vllm_config.kv_transfer_config = _with_chunk_connector(vllm_config.kv_transfer_config)
+    record(vllm_config, LAYOUT_KEY, layout)
     sched = vllm_config.scheduler_config
     sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
+    # vLLM's own switch (it has no config field): read in this process and the engine's.
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         logger.info("Chunk Cache selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
-    logger.info("%s", get_config().describe())
+    logger.info("%s", engine_settings(vllm_config).describe())
 
 
-def _fall_back_to_overlap(model) -> None:
+def engine_settings(vllm_config) -> ChunkCacheConfig:
+    """This engine's chunk cache settings: the process's (`get_config`) with what `configure`
+    decided for the engine (its layout), which its KV transfer config carries to the engine core
+    and the workers."""
+    config = get_config()
+    layout = recorded(vllm_config, LAYOUT_KEY)
+    return config if layout in (None, config.layout) else dataclasses.replace(config, layout=layout)
+
+
+def _layout_for(model) -> str:
     """The default layout, `sequential`, needs a RoPE that a rotation moves; for a model without
     one, an unset `VLLM_CHUNK_CACHE_LAYOUT` becomes `overlap` (which works with any positions)
-    for this process and the engine processes it starts. A layout the user set is kept: the
-    worker refuses `sequential` on such a model with the reason (`ChunkCacheWorker.bind_model`)."""
+    for this engine. A layout the user set is kept: the worker refuses `sequential` on such a
+    model with the reason (`ChunkCacheWorker.bind_model`)."""
+    layout = get_config().layout
     if LAYOUT_ENV in os.environ or (reason := _why_not_sequential(model)) is None:
-        return
-    os.environ[LAYOUT_ENV] = "overlap"
-    get_config.cache_clear()
+        return layout
     logger.warning(
         "Chunk Cache uses the overlap layout for this model: %s, so cached keys cannot be moved to "
         "the sequential layout's positions (the default). Set %s to silence this.",
         reason,
         LAYOUT_ENV,
     )
+    return "overlap"
 
 
 def _why_not_sequential(model) -> str | None:
@@ -328,14 +342,19 @@ def carve_out_pool(vllm_config, executor) -> list[int]:
     return left
 
 
-def record_pages(vllm_config, pages: int) -> None:
-    """Record the pool size in this engine's KV transfer config, and in the chunk cache's own
-    child config under `ChunkCacheMultiConnector` (each child is built from its own)."""
+def record(vllm_config, key: str, value) -> None:
+    """Record `value` in this engine's KV transfer config, and in the chunk cache's own child
+    config under `ChunkCacheMultiConnector` (each child is built from its own)."""
     extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-    extra[PAGES_KEY] = pages
+    extra[key] = value
     for child in extra.get("connectors", []):
         if child.get("kv_connector") == CONNECTOR:
-            child.setdefault("kv_connector_extra_config", {})[PAGES_KEY] = pages
+            child.setdefault("kv_connector_extra_config", {})[key] = value
+
+
+def record_pages(vllm_config, pages: int) -> None:
+    """The pool size, once the engine core has sized it."""
+    record(vllm_config, PAGES_KEY, pages)
 
 
 def _record_pages_in_worker(worker, pages: int) -> None:

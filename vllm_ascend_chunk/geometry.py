@@ -136,10 +136,15 @@ def configured_pages(shape: PoolGeometry) -> int | None:
     return None if size_gb is None else int(size_gb * 2**30) // shape.page_bytes
 
 
+def recorded(vllm_config, key: str):
+    """What `engine_config.record` put in this engine's config under `key`, if anything."""
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    return None if kv is None else (kv.kv_connector_extra_config or {}).get(key)
+
+
 def recorded_pages(vllm_config) -> int | None:
     """The pool size recorded in this engine's config (`engine_config.record_pages`), if any."""
-    kv = vllm_config.kv_transfer_config
-    return None if kv is None else (kv.kv_connector_extra_config or {}).get(PAGES_KEY)
+    return recorded(vllm_config, PAGES_KEY)
 
 
 def pool_geometry(vllm_config) -> PoolGeometry:

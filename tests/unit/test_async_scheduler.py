@@ -250,11 +250,12 @@ def small_pool(request, monkeypatch, models_dir: Path):
     from vllm_ascend_chunk.geometry import pool_geometry, pool_shape
 
     layout, policy = request.param
+    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)  # before the engine config records it
+    get_config.cache_clear()
     config = vllm_config(models_dir, NUM_GPU_BLOCKS, policy)
     page_bytes = pool_shape(config).page_bytes
     monkeypatch.setenv("VLLM_CHUNK_CACHE_SIZE_GB", str((POOL_PAGES + 0.5) * page_bytes / 2**30))
     monkeypatch.delenv("VLLM_CHUNK_CACHE_LRU_THRESHOLD", raising=False)
-    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)
     get_config.cache_clear()
     assert pool_geometry(config).num_pages == POOL_PAGES
     yield config

@@ -236,6 +236,7 @@ CHUNK_CHILD = {
     "kv_connector": "ChunkCacheConnector",
     "kv_connector_module_path": "vllm_ascend_chunk.connector",
     "kv_role": "kv_both",
+    "kv_connector_extra_config": {"chunk_cache_layout": "sequential"},  # the engine's layout
 }
 
 
@@ -354,8 +355,8 @@ def test_recomputing_failed_loads_is_refused_next_to_a_loading_connector(models_
 
 def test_the_default_layout_is_sequential(models_dir, chunk_env, chunk_warnings):
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
-    engine_config_of(models_dir / "tiny-llama3")  # Llama3 rope scaling: a rotation moves it
-    assert get_config().layout == "sequential" and "VLLM_CHUNK_CACHE_LAYOUT" not in os.environ
+    vllm_config = engine_config_of(models_dir / "tiny-llama3")  # Llama3 rope scaling: a rotation moves it
+    assert engine_config.engine_settings(vllm_config).layout == "sequential"
     assert not [m for m in chunk_warnings if "layout" in m]
 
 
@@ -375,21 +376,36 @@ def test_an_unset_layout_is_overlap_for_a_rope_a_rotation_cannot_move(
 ):
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
     model = write_model(tmp_path / "longrope", models_dir / "tiny-llama", {**LLAMA, **LONGROPE})
-    engine_config_of(model)
-    assert os.environ["VLLM_CHUNK_CACHE_LAYOUT"] == "overlap"  # for the engine processes it starts
-    assert get_config().layout == "overlap"
+    vllm_config = engine_config_of(model)
+    # The engine's config carries it to the engine core and the workers (the child config too,
+    # under ChunkCacheMultiConnector); the process's settings and environment are left alone.
+    assert engine_config.engine_settings(vllm_config).layout == "overlap"
+    assert vllm_config.kv_transfer_config.kv_connector_extra_config[engine_config.LAYOUT_KEY] == "overlap"
+    assert get_config().layout == "sequential" and "VLLM_CHUNK_CACHE_LAYOUT" not in os.environ
     assert [m for m in chunk_warnings if "overlap layout" in m] == [
         "Chunk Cache uses the overlap layout for this model: RoPE type longrope is not linear in "
         "the position, so cached keys cannot be moved to the sequential layout's positions (the "
         "default). Set VLLM_CHUNK_CACHE_LAYOUT to silence this."
     ]
+    # The decision is this engine's: the next engine of the process, on a model a rotation
+    # moves, keeps the default.
+    assert engine_config.engine_settings(engine_config_of(models_dir / "tiny-llama3")).layout == "sequential"
+    next_to_another = engine_config_of(model, kv_transfer_config=multi(OFFLOADING))
+    (chunk_child,) = [
+        c
+        for c in next_to_another.kv_transfer_config.kv_connector_extra_config["connectors"]
+        if c["kv_connector"] == engine_config.CONNECTOR
+    ]
+    assert chunk_child["kv_connector_extra_config"][engine_config.LAYOUT_KEY] == "overlap"
 
 
 def test_a_layout_the_user_set_is_kept(tmp_path, models_dir, chunk_env, chunk_warnings):
     """The worker refuses `sequential` on such a model at start-up, with the reason (test_rotary)."""
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
-    engine_config_of(write_model(tmp_path / "longrope", models_dir / "tiny-llama", {**LLAMA, **LONGROPE}))
-    assert get_config().layout == "sequential" and not chunk_warnings
+    model = write_model(tmp_path / "longrope", models_dir / "tiny-llama", {**LLAMA, **LONGROPE})
+    assert (
+        engine_config.engine_settings(engine_config_of(model)).layout == "sequential" and not chunk_warnings
+    )
 
 
 def test_why_not_sequential_names_each_kind_of_model():

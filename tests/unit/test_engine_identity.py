@@ -82,7 +82,7 @@ def test_each_engine_setting_changes_the_keys(base, what):
     assert sys_key != keys(base)[0] and chunk_key != keys(base)[1]
 
 
-def test_lora_salt_and_layout_change_the_keys(base, chunk_env):
+def test_lora_salt_and_layout_change_the_keys(base, models_dir, chunk_env):
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
     plain = keys(base)
     variants = [
@@ -91,6 +91,6 @@ def test_lora_salt_and_layout_change_the_keys(base, chunk_env):
         keys(base, SimpleNamespace(**{**vars(LORA), "lora_int_id": 2})),
         keys(base, salt="tenant-a"),
     ]
-    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")  # not the default
-    variants.append(keys(base))
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")  # not the default: an engine configured with it
+    variants.append(keys(engine_config_of(models_dir / "tiny-llama")))
     assert len({plain, *variants}) == 1 + len(variants)

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from vllm_ascend_chunk.config import HASH_ALGORITHMS, get_config
-from vllm_ascend_chunk.engine_config import is_active
+from vllm_ascend_chunk.engine_config import engine_settings, is_active
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
@@ -86,7 +86,7 @@ def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
         str(vllm_config.cache_config.cache_dtype),
         _canonical(model.hf_overrides),
         _canonical(hf_config),  # after the overrides: RoPE, attention, everything else
-        get_config().layout,
+        engine_settings(vllm_config).layout,
         PAGE_SIZE,
         (parallel.tensor_parallel_size, parallel.pipeline_parallel_size),
         lora,

@@ -2,7 +2,9 @@
 
 Blocks of a chunk-path request hold chunk-semantics KV (no cross-chunk attention, shifted
 positions), so they must never serve an ordinary request as a prefix hit. Their first block
-hash gets an extra key naming the chunk structure and layout; hashes chain, so every later
+hash gets an extra key naming the chunk structure and the engine (the SYSTEM prompt's content
+key, which covers the engine's identity: model, layout, ...; `frontend.keys.engine_identity`);
+hashes chain, so every later
 block is namespaced too, while requests with the same structure still share blocks.
 
 A `qattn` request rewrites the K/V of its blocks while it runs, and what it leaves there depends
@@ -17,8 +19,6 @@ CBOR-based) encode a tuple differently from a string.
 
 from __future__ import annotations
 
-from vllm_ascend_chunk.config import get_config
-
 NAMESPACE = "vllm-ascend-chunk"
 
 ChunkBlockKey = tuple[str, str, int, tuple[int, ...]]
@@ -28,7 +28,7 @@ def block_hash_keys(request, start_token_idx: int) -> list[ChunkBlockKey]:
     info = getattr(request, "chunk_cache", None)
     if info is None or start_token_idx != 0:
         return []
-    layout = get_config().layout
+    engine = getattr(info, "sys_hash", b"").hex()  # the engine's identity, its layout included
     if getattr(info, "select", 0):
-        layout = f"{layout}/qattn:{request.request_id}"
-    return [(NAMESPACE, layout, info.sys_len, tuple(info.chunk_lens))]
+        engine = f"{engine}/qattn:{request.request_id}"
+    return [(NAMESPACE, engine, info.sys_len, tuple(info.chunk_lens))]

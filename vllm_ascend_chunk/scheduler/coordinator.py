@@ -48,7 +48,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.config import ChunkCacheConfig, get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.paging import slot_of
@@ -68,9 +68,15 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 class ChunkCacheCoordinator:
     def __init__(
-        self, geometry: PoolGeometry, block_size: int, priority_order: bool = False, has_remote: bool = False
+        self,
+        geometry: PoolGeometry,
+        block_size: int,
+        priority_order: bool = False,
+        has_remote: bool = False,
+        settings: ChunkCacheConfig | None = None,
     ) -> None:
-        config = get_config()
+        """`settings`: the engine's (`engine_config.engine_settings`); the process's by default."""
+        config = settings or get_config()
         self.geometry = geometry
         self.layout = LAYOUTS[config.layout]
         self.block_size = block_size

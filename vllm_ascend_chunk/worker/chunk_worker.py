@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.engine_config import engine_settings
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.ops.base import Staging
@@ -69,13 +69,13 @@ class ChunkCacheWorker:
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
         self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
-        if get_config().remote_config is not None:
+        if engine_settings(self.vllm_config).remote_config is not None:
             self.remote_tier = _connect_remote_tier(self.vllm_config, self.geometry)
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
         self._model_bound = True
-        if not LAYOUTS[get_config().layout].rotates_loaded_keys:
+        if not LAYOUTS[engine_settings(self.vllm_config).layout].rotates_loaded_keys:
             return
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
 
@@ -187,7 +187,7 @@ def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     from vllm_ascend_chunk.worker.remote_store import RemoteStore
     from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity
 
-    config = get_config()
+    config = engine_settings(vllm_config)
     remote_config = config.remote_config
     store = RemoteStore(remote_config, local_hostname=remote_config.local_host or get_ip())
     identity = ShardIdentity(
