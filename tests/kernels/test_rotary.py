@@ -365,12 +365,20 @@ def test_the_sequential_layout_refuses_a_model_without_a_vllm_rope(chunk_env):
     keys loaded without re-rotation: refused when the worker binds the model (start-up)."""
     from types import SimpleNamespace
 
+    from vllm_ascend_chunk.engine_config import LAYOUT_KEY
     from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
+
+    def worker(recorded: str | None = None) -> SimpleNamespace:
+        """A worker whose engine config records `recorded` as its layout (None: nothing recorded)."""
+        extra = {} if recorded is None else {LAYOUT_KEY: recorded}
+        kv = SimpleNamespace(kv_connector_extra_config=extra)
+        return SimpleNamespace(vllm_config=SimpleNamespace(kv_transfer_config=kv))
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
     with pytest.raises(UnsupportedRopeError, match="no vLLM RoPE module") as info:
-        ChunkCacheWorker.bind_model(SimpleNamespace(), model)
+        ChunkCacheWorker.bind_model(worker(), model)
     assert "VLLM_CHUNK_CACHE_LAYOUT=overlap works with any model" in str(info.value)
+    ChunkCacheWorker.bind_model(worker("overlap"), model)  # the engine's layout: nothing to rotate
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
-    ChunkCacheWorker.bind_model(SimpleNamespace(), model)  # nothing to rotate
+    ChunkCacheWorker.bind_model(worker(), model)
