@@ -20,6 +20,7 @@ class StatsRelay:
     def __init__(self, connector: KVConnectorBase_V1, chunk_connector: ChunkCacheConnector) -> None:
         self.chunk_connector = chunk_connector
         self.alone = connector is chunk_connector
+        """The chunk cache is the engine's only KV connector."""
         self.name = type(chunk_connector).__name__
 
     def attach(self, stats) -> None:

@@ -46,11 +46,10 @@ class _ChunkCacheSchedulerMixin:
         self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
         )
-        only_chunk_cache = self.connector is self.chunk_connector
-        self._shadow_rows = ShadowRows(
-            only_chunk_cache and not self.use_pp and not self.enable_return_routed_experts, self._own_request
-        )
         self._stats = StatsRelay(self.connector, chunk_connector)
+        self._shadow_rows = ShadowRows(
+            self._stats.alone and not self.use_pp and not self.enable_return_routed_experts, self._own_request
+        )
 
     def schedule(self):
         for prefill in self.chunk_connector.plan():
