@@ -1,6 +1,6 @@
 """Code the tests share: workloads and their independent expectations (`chunk_cases`, the HF
-references), the engine and server processes (`engine_runner`, forked by `engine_zygote`;
-`server_utils`), the coordinator's invariants and the patch-series helpers."""
+references), the engine and server processes (`engine_runner`, `server_utils`), the coordinator's
+invariants and the patch-series helpers."""
 
 from pathlib import Path
 

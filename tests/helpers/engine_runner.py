@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -214,22 +214,22 @@ def run_engine(
     env: dict | None = None,
     dtype: str = "float32",
 ) -> dict:
-    """Runs `rounds` on an engine of `model_dir` in a process of its own (this file's `main`, forked
-    by the engine zygote with vLLM already imported); its RESULT."""
+    """Runs `rounds` on an engine of `model_dir` in a child process (this file); its RESULT."""
     spec = {
         "model": str(model_dir),
         "dtype": dtype,
         "engine": {"max_model_len": 4096, **(engine or {})},
         "rounds": rounds,
     }
-    from tests.helpers.engine_zygote import zygote
-
-    with tempfile.TemporaryDirectory(prefix="chunk-cache-engine-") as tmp:
-        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        status = zygote().run([json.dumps(spec)], {**os.environ, **(env or {})}, out, err, timeout=900)
-        stdout, stderr = out.read_text(), err.read_text()
-    assert status == 0, (stdout + stderr)[-5000:]
-    return json.loads(stdout.split("RESULT ", 1)[1].split("\n", 1)[0])  # workers may print after it
+    run = subprocess.run(
+        [sys.executable, __file__, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=900,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    return json.loads(run.stdout.split("RESULT ", 1)[1].split("\n", 1)[0])  # workers may print after it
 
 
 if __name__ == "__main__":
