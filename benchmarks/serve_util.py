@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -25,6 +26,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 _RUNNING: set[VllmServer] = set()
+logger = logging.getLogger(__name__)
+
+PORT_TAKEN = ("EADDRINUSE", "Address already in use")
+"""In a server's log: a port picked free was taken before the server bound it (torch.distributed's
+store: `DistNetworkError ... EADDRINUSE`; the API server's own: `[Errno 98] Address already in use`)."""
 
 REPO = Path(__file__).resolve().parent.parent
 # The generated models (scripts/setup_env.sh), unless CHUNK_CACHE_MODELS_DIR names another folder.
@@ -130,6 +136,23 @@ class VllmServer:
             return ""
 
     def start(self) -> VllmServer:
+        """Start the server and wait until it is healthy. A start that lost a port race (vLLM
+        picks its internal ports free and binds them later, so a process starting beside it
+        can take one first) is tried once more, on a new port; its log is kept beside the new one."""
+        try:
+            return self._start()
+        except RuntimeError:
+            log = self.log_tail(chars=1 << 20)
+            if not any(sign in log for sign in PORT_TAKEN):
+                raise
+        lost = self.log_path.with_suffix(".port-taken.log")
+        self.log_path.replace(lost)
+        logger.warning("vllm serve lost a port race (log %s); starting it again", lost)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self._start()
+
+    def _start(self) -> VllmServer:
         # An engine core in its own process talks to the API server; tests force it in-process.
         env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
         env.update(self.env)
