@@ -61,15 +61,16 @@ def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None =
     data: dict[str, Any] = dataclasses.asdict(manager.stats)
     delivered = delivered or {}
     data[INCREMENTS] = {name: data[name] - delivered.get(name, 0) for name in COUNTERS}
-    host = manager.host
     data.update(
         usage_ratio=manager.usage_ratio,
         entries=len(manager.entries),
         pinned_entries=manager.pinned_entries,
-        host_usage_ratio=host.usage_ratio if host is not None else 0.0,
-        host_entries=len(host.entries) if host is not None else 0,
-        remote_up=int(manager.remote_reachable),
+        host_usage_ratio=0.0,  # the gauges of tiers the engine does not have
+        host_entries=0,
+        remote_up=0,
     )
+    for tier in manager.tiers:
+        data.update(tier.gauges())
     return data
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
+from vllm_ascend_chunk.scheduler.host_tier import HostTier
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 from vllm_ascend_chunk.scheduler.requests import UserStatus
 
@@ -39,10 +40,10 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
             assert entry.fetching == (entry in reading)
     for entry in [e for p in live_prefills.values() for e in p.entries] + reading:
         assert not set(entry.pages) & set(manager.free_pages), "free page still written"
-    if manager.host is not None:
-        held = [*manager.host.entries.values(), *manager.host.retired]  # retired: free after the step
+    for host in (t.index for t in manager.tiers if isinstance(t, HostTier)):
+        held = [*host.entries.values(), *host.retired]  # retired: free after the step
         host_taken = [p for e in held for p in e.pages]
-        assert sorted(host_taken + manager.host.free_pages) == list(range(manager.host.num_pages))
+        assert sorted(host_taken + host.free_pages) == list(range(host.num_pages))
 
 
 def check_drained(coord: ChunkCacheCoordinator) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from vllm_ascend_chunk.scheduler.host_index import HostIndex
+from vllm_ascend_chunk.scheduler.host_tier import HostTier
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, EntryState
+from vllm_ascend_chunk.scheduler.remote_reads import RemoteReads
 
 
 def make(num_pages: int = 8, page_size: int = 4, threshold: float = 1.0) -> ChunkCacheManager:
@@ -115,9 +118,9 @@ def test_discard_of_a_dropped_pending_entry_frees_it_once():
 def test_entry_states_follow_the_documented_transitions():
     """`EntryState`: computed, evicted; dropped while computing, fetching or pinned; discarded."""
     m = make(num_pages=8)
-    m.remote_reachable = True
+    remote = RemoteReads(m, enabled=True)
     fetching = m.acquire([(b"f", 4)], chunk_keys={b"f"}).entries[0]
-    m.remote_reachable = False
+    remote.reachable = False
     computing, pinned, idle, lost = (m.acquire([(k, 4)], chunk_keys={k}).entries[0] for k in b"cpil")
     assert (fetching.state, computing.state) == (EntryState.FETCHING, EntryState.COMPUTING)
     for entry in (pinned, idle):
@@ -143,6 +146,14 @@ def test_entry_states_follow_the_documented_transitions():
 
 
 # -- tiers ---------------------------------------------------------------------------------------
+def with_host(num_pages: int, host_pages: int, token_bytes: int = 0) -> tuple[ChunkCacheManager, HostIndex]:
+    """A pool of `num_pages` pages of 4 tokens over a host tier of `host_pages`; and the host's index."""
+    m = ChunkCacheManager(num_pages, 4, 1.0)
+    host = HostTier(host_pages, 4, m.stats, token_bytes)
+    m.add_tier(host)
+    return m, host.index
+
+
 def resident(m: ChunkCacheManager, key: bytes, n: int = 4) -> None:
     entry = m.acquire([(key, n)], chunk_keys={key}).entries[0]
     m.mark_resident(entry)
@@ -150,7 +161,7 @@ def resident(m: ChunkCacheManager, key: bytes, n: int = 4) -> None:
 
 
 def test_evicted_entries_are_copied_to_the_host_tier_and_copied_back_on_a_miss():
-    m = ChunkCacheManager(2, 4, 1.0, host_pages=4, token_bytes=10)
+    m, _ = with_host(2, host_pages=4, token_bytes=10)
     resident(m, b"a")
     a_rows = m.entries[b"a"].rows(4)
     resident(m, b"b")
@@ -168,24 +179,24 @@ def test_evicted_entries_are_copied_to_the_host_tier_and_copied_back_on_a_miss()
 
 
 def test_a_host_copy_read_in_the_step_being_built_is_not_replaced_before_it_is_sent():
-    m = ChunkCacheManager(1, 4, 1.0, host_pages=1)
+    m, host = with_host(1, host_pages=1)
     resident(m, b"a")
     resident(m, b"b")  # a → host (its only page)
     m.take_moves()
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # a read back; b cannot go to host: a is read
-    assert got is not None and b"b" not in m.host.entries and m.host.entries.keys() == {b"a"}
+    assert got is not None and b"b" not in host.entries and host.entries.keys() == {b"a"}
     m.release(got.entries)
     m.take_moves()  # the step is sent: a's copy may be replaced now
     resident(m, b"c")  # a leaves the pool: its copy is still in host memory, nothing to copy
     assert not m.take_moves().write_from
     resident(m, b"d")  # c leaves the pool and replaces a's copy
-    assert m.host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
+    assert host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
 
 
 def test_one_step_never_writes_the_same_host_rows_twice():
     # Pool of 2 pages, host of 1: a and b leave the pool in one step. b may not replace the copy of
     # a written in that step (one index_copy_ with the same rows twice has no defined winner).
-    m = ChunkCacheManager(2, 4, 1.0, host_pages=1)
+    m, host = with_host(2, host_pages=1)
     resident(m, b"a")
     resident(m, b"b")
     m.take_moves()
@@ -193,13 +204,13 @@ def test_one_step_never_writes_the_same_host_rows_twice():
     resident(m, b"d")  # b cannot go to host: its only page is a's, written in this step
     moves = m.take_moves()
     assert len(moves.write_to) == len(set(moves.write_to)) == 4
-    assert m.host.entries.keys() == {b"a"}
+    assert host.entries.keys() == {b"a"}
     resident(m, b"e")  # the step was sent: c replaces a's copy now
-    assert m.host.entries.keys() == {b"c"}
+    assert host.entries.keys() == {b"c"}
 
 
 def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
-    m = ChunkCacheManager(2, 4, 1.0, host_pages=1)
+    m, host = with_host(2, host_pages=1)
     resident(m, b"a")
     resident(m, b"b")
     resident(m, b"c")  # a → host
@@ -213,12 +224,12 @@ def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
     m.release(got.entries)  # a, dropped, frees its pool page
     resident(m, b"z")
     resident(m, b"w")  # y leaves the pool and takes the host page, free now
-    assert m.host.entries.keys() == {b"y"}
+    assert host.entries.keys() == {b"y"}
 
 
 def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read_ends():
     m = make()
-    m.remote_reachable = True
+    RemoteReads(m, enabled=True)
     got = m.acquire([(b"s", 2), (b"a", 4)], chunk_keys={b"a"})
     assert got.created == [] and got.fetches == got.entries and all(e.fetching for e in got.entries)
     joined = m.acquire([(b"a", 4)], chunk_keys={b"a"})
@@ -231,7 +242,7 @@ def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read
 
 def test_a_failed_read_nobody_holds_any_more_frees_its_pages():
     m = make()
-    m.remote_reachable = True
+    RemoteReads(m, enabled=True)
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})
     m.release(got.entries)
     assert not m.fetched(got.entries[0], False) and m.entries == {} and m.used_pages == 0

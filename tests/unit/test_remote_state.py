@@ -18,13 +18,13 @@ def test_a_rank_that_stays_down_is_not_outvoted() -> None:
     coord = coordinator(16, has_remote=True)
     # Step 1: rank 0 loses the store, rank 1 still reaches it: down.
     coord.update_connector_output(report(0, False).aggregate(report(1, True)))
-    assert not coord.manager.remote_reachable
+    assert not coord.remote.reachable
     # Step 2: only rank 1 has something new to report (its counters); rank 0 is still down.
     coord.update_connector_output(report(1, True))
-    assert not coord.manager.remote_reachable
+    assert not coord.remote.reachable
     # Rank 0 is back: up.
     coord.update_connector_output(report(0, True))
-    assert coord.manager.remote_reachable
+    assert coord.remote.reachable
 
 
 @pytest.mark.parametrize("order", [(0, 1), (1, 0)])

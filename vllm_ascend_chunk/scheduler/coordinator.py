@@ -31,8 +31,8 @@ A prefill's tokens are copied from its paged-cache slots into its pending entrie
 that computes them (`ChunkPrefills.saves`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
 
-Tiers: the manager plans the copies between the pool and the host tier (sent with the step), and
-which missing entries are read from the remote store instead of computed. A read is sent with
+Tiers (`scheduler.tiers`): the manager offers missing keys to the host tier (`HostTier`: copies
+sent with the step) and then to the remote store (`RemoteReads`). A read is sent with
 the step and reported by the workers at its end (`RemoteReads`): the entry becomes resident, or a
 chunk prefill computes it. Every entry a chunk prefill computed is written to the remote store
 after the step that saved its last tokens.
@@ -52,6 +52,7 @@ from vllm_ascend_chunk.config import ChunkCacheConfig, get_config
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.layouts import LAYOUTS
 from vllm_ascend_chunk.paging import slot_of
+from vllm_ascend_chunk.scheduler.host_tier import HostTier
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, ChunkPrefills
 from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner, ShadowRun
@@ -82,13 +83,12 @@ class ChunkCacheCoordinator:
         self.block_size = block_size
         self.priority_order = priority_order
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
-        self.manager = ChunkCacheManager(
-            geometry.num_pages,
-            geometry.page_size,
-            config.lru_threshold,
-            host_pages=geometry.num_host_pages,
-            token_bytes=geometry.bytes_per_token,
-        )
+        self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
+        if geometry.num_host_pages:
+            host = HostTier(
+                geometry.num_host_pages, geometry.page_size, self.manager.stats, geometry.bytes_per_token
+            )
+            self.manager.add_tier(host)
         self.remote = RemoteReads(self.manager, has_remote)
         self.users: dict[str, UserRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)

@@ -9,13 +9,13 @@ exceeds the LRU threshold.
 A request acquires all its entries at once or nothing, so requests that hold pins always
 progress and the pool never deadlocks.
 
-Tiers (`docs/design.md`, Tiers). A key missing from the pool is looked for, in order, in the
-host-memory tier (`HostIndex`: the entry is copied back and is resident at once), then in the
-remote store (the entry stays pending, *fetching*, until the workers report the read: `fetched`),
-and is otherwise computed. An entry evicted from the pool is copied to the host tier first.
-The copies are `Moves` that the worker runs at the start of the next step, host writes before
-host reads, before anything else touches the pool; so a page freed here and reused at once is
-only overwritten after its old content has been copied out.
+Tiers (`docs/design.md`, Tiers; `scheduler.tiers`). A key missing from the pool is offered to
+each of `tiers` in order: the host-memory tier fills the new entry with the step's row copies
+(resident at once), the remote store asynchronously (the entry is FETCHING until the workers
+report the read: `fetched`); otherwise it is computed. An entry evicted from the pool is offered
+to every tier first. The host tier's copies are `Moves` that the worker runs at the start of the
+next step, host writes before host reads, before anything else touches the pool; so a page freed
+here and reused at once is only overwritten after its old content has been copied out.
 
 A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
 or still being computed or read keeps its pages until that ends (a DROPPED_ state), so no page is
@@ -29,38 +29,39 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from vllm_ascend_chunk.paging import PagedEntry, PageIndex, pages_for
-from vllm_ascend_chunk.scheduler.host_index import HostIndex
 from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
+from vllm_ascend_chunk.scheduler.tiers import Fill, Moves, Tier
 
 
 class EntryState(enum.Enum):
     """Where a pool entry stands. Transitions, by the `ChunkCacheManager` method that makes them:
 
-    - `acquire` creates a missing key's entry RESIDENT (copied back from the host tier), FETCHING
-      (with a remote store) or COMPUTING (a chunk prefill fills it).
-    - `fetched`: FETCHING → RESIDENT if the read brought the entry; otherwise → COMPUTING while a
+    - `acquire` creates a missing key's entry RESIDENT (a tier fills it with the step: the host
+      tier), FETCHING (a tier fills it asynchronously: the remote store) or COMPUTING (a chunk
+      prefill fills it).
+    - `fetched`: FETCHING → RESIDENT if the fill brought the entry; otherwise → COMPUTING while a
       request holds it (the caller has it computed), else → FREED. DROPPED_FETCHING →
       DROPPED_RESIDENT (→ FREED if unpinned), or → FREED if the read failed.
     - `mark_resident` (its prefill completed): COMPUTING → RESIDENT; DROPPED_COMPUTING →
       DROPPED_RESIDENT, → FREED at once if unpinned.
     - `discard` (its prefill did not complete): COMPUTING or DROPPED_COMPUTING → FREED.
     - `acquire` and `release` (eviction, to make room or over the LRU threshold): RESIDENT and
-      unpinned → FREED, copied to the host tier first.
+      unpinned → FREED, offered to the tiers first.
     - `clear` (a reset): COMPUTING → DROPPED_COMPUTING, FETCHING → DROPPED_FETCHING, RESIDENT →
       DROPPED_RESIDENT if pinned, else → FREED.
     - `release` of the last pin: DROPPED_RESIDENT → FREED.
     """
 
     COMPUTING = "computing"
-    """In the index, pending: a chunk prefill computes it (or will, once its remote read failed)."""
+    """In the index, pending: a chunk prefill computes it (or will, once a tier's fill failed)."""
     FETCHING = "fetching"
-    """In the index, pending on a read from the remote store."""
+    """In the index, pending on an asynchronous fill from a tier (a remote store's read)."""
     RESIDENT = "resident"
     """In the index, its rows hold its K/V: loadable; evictable once unpinned."""
     DROPPED_COMPUTING = "dropped computing"
     """Removed from the index by a reset; keeps its pages until its prefill ends."""
     DROPPED_FETCHING = "dropped fetching"
-    """Removed from the index by a reset; keeps its pages until its read ends."""
+    """Removed from the index by a reset; keeps its pages until its fill ends."""
     DROPPED_RESIDENT = "dropped resident"
     """Removed from the index by a reset; keeps its pages until its last pin goes."""
     FREED = "freed"
@@ -82,8 +83,10 @@ class Entry(PagedEntry):
     state: EntryState = EntryState.COMPUTING
     """The one record of where it stands (`resident`, `fetching` and `dropped` read it)."""
     pins: int = 0
+    source: Tier | None = None
+    """The tier filling it asynchronously (FETCHING), if any."""
     fetch_tokens: int = 0
-    """Chunk tokens to count as a remote hit or a miss once the read ends (0: not counted)."""
+    """Chunk tokens to count as a hit of `source` or a miss once the fill ends (0: not counted)."""
 
     @property
     def resident(self) -> bool:
@@ -92,7 +95,7 @@ class Entry(PagedEntry):
 
     @property
     def fetching(self) -> bool:
-        """Pending on a read from the remote store (FETCHING or DROPPED_FETCHING)."""
+        """Pending on a tier's asynchronous fill (FETCHING or DROPPED_FETCHING)."""
         return self.state in (EntryState.FETCHING, EntryState.DROPPED_FETCHING)
 
     @property
@@ -110,42 +113,22 @@ class Acquired:
     created: list[Entry] = field(default_factory=list)
     """Pending entries created by this call that the caller must have computed."""
     fetches: list[Entry] = field(default_factory=list)
-    """Pending entries created by this call that the caller must have read from the remote store."""
-
-
-@dataclass
-class Moves:
-    """Row copies between the device pool and the host tier, for the next step's workers:
-    every `host_writes` copy runs before every `host_reads` copy."""
-
-    write_from: list[int] = field(default_factory=list)
-    """Device-pool rows copied into host memory ..."""
-    write_to: list[int] = field(default_factory=list)
-    """... at these host rows (entries evicted from the pool)."""
-    read_from: list[int] = field(default_factory=list)
-    """Host rows copied into the device pool ..."""
-    read_to: list[int] = field(default_factory=list)
-    """... at these pool rows (entries found in the host tier)."""
+    """Pending entries created by this call that their tier fills asynchronously (`source`)."""
+    filled: dict[bytes, Tier] = field(default_factory=dict)
+    """Keys of the entries created by this call that a tier filled with the step."""
 
 
 class ChunkCacheManager(PageIndex[Entry]):
-    def __init__(
-        self,
-        num_pages: int,
-        page_size: int,
-        lru_threshold: float,
-        host_pages: int = 0,
-        token_bytes: int = 0,
-    ) -> None:
+    def __init__(self, num_pages: int, page_size: int, lru_threshold: float) -> None:
         super().__init__(num_pages, page_size)
         self.lru_threshold = lru_threshold
         self.stats = ChunkCacheStats()
-        self.host = HostIndex(host_pages, page_size) if host_pages else None
-        self.token_bytes = token_bytes
-        """Bytes of one token's K/V in every layer (for the byte counters)."""
-        self.remote_reachable = False
-        """Whether missing keys are asked of the remote store before they are computed."""
-        self.moves = Moves()
+        self.tiers: list[Tier] = []
+        """The tiers below the pool, in the order a missing key is offered to them (`add_tier`)."""
+
+    def add_tier(self, tier: Tier) -> None:
+        """`tier` is asked for missing keys after the tiers added before it."""
+        self.tiers.append(tier)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -168,15 +151,16 @@ class ChunkCacheManager(PageIndex[Entry]):
         this acquisition is counted at all; a request planned again is not).
         """
         missing = {k: n for k, n in needs if k not in self.entries}
-        if self.host is not None:  # copies to read back are kept while room is made for them
+        for tier in self.tiers:  # copies to fill from are kept while room is made for them
             for key in missing:
-                self.host.read(key)
+                tier.hold(key)
         if not self._make_room(self.missing_pages(needs), protect={k for k, _ in needs}):
             return None
         acquired = Acquired(entries=[])
-        from_host = [self._create(k, n, acquired) for k, n in missing.items()]
+        for key, num_tokens in missing.items():
+            self._create(key, num_tokens, acquired)
         if count:
-            self._count(needs, chunk_keys, acquired, from_host)
+            self._count(needs, chunk_keys, acquired)
         acquired.entries = [self.entries[k] for k, _ in needs]
         for entry in {id(e): e for e in acquired.entries}.values():
             entry.pins += 1
@@ -184,21 +168,14 @@ class ChunkCacheManager(PageIndex[Entry]):
         self._evict_over_threshold()
         return acquired
 
-    def _count(
-        self,
-        needs: Sequence[tuple[bytes, int]],
-        chunk_keys: set[bytes],
-        acquired: Acquired,
-        from_host: Sequence[Entry | None],
-    ) -> None:
+    def _count(self, needs: Sequence[tuple[bytes, int]], chunk_keys: set[bytes], acquired: Acquired) -> None:
         stats = self.stats
         for key, num_tokens in needs:
             if key not in chunk_keys:
                 continue
             entry = self.entries[key]
-            if entry in from_host:
-                stats.host_hits += 1
-                stats.host_hit_tokens += num_tokens
+            if key in acquired.filled:
+                acquired.filled[key].loaded(entry, num_tokens, ok=True)
             elif entry in acquired.fetches:
                 entry.fetch_tokens += num_tokens
             elif entry.resident:
@@ -210,19 +187,15 @@ class ChunkCacheManager(PageIndex[Entry]):
                 stats.inflight_joins += entry not in acquired.created
 
     def fetched(self, entry: Entry, ok: bool) -> bool:
-        """The remote read of a fetching entry ended: resident if `ok`. Returns whether the entry
-        must now be computed (the read failed and a request still holds it)."""
-        assert entry.fetching, f"entry {entry.key.hex()[:12]} was not being read"
-        # The read ended: pending as if a prefill computed it, until it is resident or freed below.
+        """The asynchronous fill of a fetching entry ended: resident if `ok`. Returns whether the
+        entry must now be computed (the fill failed and a request still holds it)."""
+        assert entry.fetching and entry.source is not None, f"entry {entry.key.hex()[:12]} was not being read"
+        # The fill ended: pending as if a prefill computed it, until it is resident or freed below.
         entry.state = EntryState.DROPPED_COMPUTING if entry.dropped else EntryState.COMPUTING
-        self.stats.remote_read_failures += not ok
-        if entry.fetch_tokens:
-            if ok:
-                self.stats.remote_hits += 1
-                self.stats.remote_hit_tokens += entry.fetch_tokens
-            else:
-                self.stats.misses += 1
-                self.stats.miss_tokens += entry.fetch_tokens
+        entry.source.loaded(entry, entry.fetch_tokens if ok else 0, ok)
+        if entry.fetch_tokens and not ok:
+            self.stats.misses += 1
+            self.stats.miss_tokens += entry.fetch_tokens
         if ok:
             self.mark_resident(entry)
             return False
@@ -232,11 +205,11 @@ class ChunkCacheManager(PageIndex[Entry]):
         return False
 
     def take_moves(self) -> Moves:
-        """The copies planned since the last call, for the step being built; copies read from the
-        host tier in it may be replaced from now on."""
-        moves, self.moves = self.moves, Moves()
-        if self.host is not None:
-            self.host.end_step()
+        """The tiers' row copies planned since the last call, for the step being built; the
+        copies they read or write may be replaced from now on."""
+        moves = Moves()
+        for tier in self.tiers:
+            tier.take_moves(moves)
         return moves
 
     def release(self, entries: Iterable[Entry]) -> None:
@@ -262,7 +235,7 @@ class ChunkCacheManager(PageIndex[Entry]):
             self._free(entry)
 
     def clear(self) -> int:
-        """Drop every entry, and the host tier (a cache reset): from now on every key misses.
+        """Drop every entry, and every tier's copies (a cache reset): from now on every key misses.
         Pages of an entry still pinned or pending stay taken until it settles. Returns how many
         pool entries were dropped."""
         entries = list(self.entries.values())
@@ -270,8 +243,8 @@ class ChunkCacheManager(PageIndex[Entry]):
         for entry in entries:
             entry.state = _DROPPED[entry.state]
             self.settle(entry)
-        if self.host is not None:
-            self.host.clear()
+        for tier in self.tiers:
+            tier.clear()
         return len(entries)
 
     def settle(self, entry: Entry) -> None:
@@ -280,25 +253,21 @@ class ChunkCacheManager(PageIndex[Entry]):
             self._free(entry)
 
     # -- mechanics -------------------------------------------------------------------------
-    def _create(self, key: bytes, num_tokens: int, acquired: Acquired) -> Entry | None:
-        """A new entry for `key`, filled from the first tier that has it; returns it if that was
-        the host tier (it is resident at once)."""
+    def _create(self, key: bytes, num_tokens: int, acquired: Acquired) -> None:
+        """A new entry for `key`, filled by the first tier that has it, else computed."""
         pages = self._take_pages(pages_for(num_tokens, self.page_size))
         entry = self.entries[key] = Entry(key=key, num_tokens=num_tokens, pages=pages)
-        copy = self.host.read(key) if self.host is not None else None
-        if copy is not None:
-            self.moves.read_from += copy.rows(self.page_size)
-            self.moves.read_to += entry.rows(self.page_size)
-            self.stats.host_bytes_read += num_tokens * self.token_bytes
-            entry.state = EntryState.RESIDENT
-            return entry
-        if self.remote_reachable:
-            entry.state = EntryState.FETCHING
-            self.stats.remote_reads += 1
-            acquired.fetches.append(entry)
-        else:
-            acquired.created.append(entry)
-        return None
+        for tier in self.tiers:
+            fill = tier.prepare_load(entry)
+            if fill is Fill.NOW:
+                entry.state = EntryState.RESIDENT
+                acquired.filled[key] = tier
+                return
+            if fill is Fill.LATER:
+                entry.state, entry.source = EntryState.FETCHING, tier
+                acquired.fetches.append(entry)
+                return
+        acquired.created.append(entry)
 
     def _free(self, entry: Entry) -> None:
         """→ FREED: its pages are given back (and it leaves the index, unless a reset dropped it)."""
@@ -332,17 +301,7 @@ class ChunkCacheManager(PageIndex[Entry]):
             self._evict(entry)
 
     def _evict(self, entry: Entry) -> None:
-        if self.host is not None:
-            self._copy_to_host(entry)
+        for tier in self.tiers:
+            tier.prepare_store(entry)
         self._free(entry)
         self.stats.evictions += 1
-
-    def _copy_to_host(self, entry: Entry) -> None:
-        if self.host.touch(entry.key):  # still there since it was copied back
-            return
-        copy = self.host.store(entry.key, entry.num_tokens)
-        self.stats.host_evictions = self.host.evictions
-        if copy is not None:
-            self.moves.write_from += entry.rows(self.page_size)
-            self.moves.write_to += copy.rows(self.page_size)
-            self.stats.host_bytes_written += entry.num_tokens * self.token_bytes

@@ -1,24 +1,38 @@
-"""The scheduler's side of the remote store: the reads sent to the workers and not reported yet,
-those that failed (their entries computed instead), and the workers' word on the store's state.
-The entries themselves (FETCHING, then resident or pending) are the manager's."""
+"""RemoteReads: the remote store behind the `scheduler.tiers.Tier` interface, the scheduler's side.
+
+A missing key is read from the store while the workers say it is reachable (`Fill.LATER`: the
+entry is FETCHING until the workers report the read); reads sent to the workers and not reported
+yet, those that failed (their entries computed instead), and the workers' word on the store's
+state are kept here. Entries reach the store by their chunk prefills' writes
+(`ChunkPrefills.saves`), so an evicted entry is not stored again.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
+from vllm_ascend_chunk.scheduler.tiers import Fill, Moves
 from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead
+
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
 
 logger = logging.getLogger("vllm.chunk_cache")
 
 
 class RemoteReads:
     def __init__(self, manager: ChunkCacheManager, enabled: bool) -> None:
+        """With a remote store configured (`enabled`), joins `manager`'s tiers."""
         self.manager = manager
+        self.stats = manager.stats
         self.enabled = enabled
         """A remote store is configured: computed entries are written to it, missing ones read."""
-        manager.remote_reachable = enabled
+        self.reachable = enabled
+        """Whether missing keys are asked of the store before they are computed."""
+        if enabled:
+            manager.add_tier(self)
         self.in_flight: dict[int, Entry] = {}
         """Reads sent to the workers and not reported yet, by `RemoteRead.read_id`."""
         self.failed: list[Entry] = []
@@ -30,6 +44,35 @@ class RemoteReads:
         again (a worker reports only changes); the store is up only if every rank says so."""
         self._ids = itertools.count()
 
+    # -- the Tier interface ----------------------------------------------------------------
+    def hold(self, key: bytes) -> None:
+        pass
+
+    def prepare_load(self, entry: Entry) -> Fill:
+        if not self.reachable:
+            return Fill.ABSENT
+        self.stats.remote_reads += 1
+        return Fill.LATER
+
+    def loaded(self, entry: Entry, tokens: int, ok: bool) -> None:
+        self.stats.remote_read_failures += not ok
+        if tokens:
+            self.stats.remote_hits += 1
+            self.stats.remote_hit_tokens += tokens
+
+    def prepare_store(self, entry: Entry) -> None:
+        pass
+
+    def take_moves(self, moves: Moves) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def gauges(self) -> dict[str, float]:
+        return {"remote_up": int(self.reachable)}
+
+    # -- the reads -------------------------------------------------------------------------
     def send(self, entry: Entry, rows: list[int]) -> RemoteRead:
         """A read of `entry` into its pool `rows`, for the step being built."""
         read = RemoteRead(read_id=next(self._ids), key=entry.key, rows=rows)
@@ -41,17 +84,17 @@ class RemoteReads:
         if report.remote_up and self.enabled:
             self.up.update(report.remote_up)
             up = all(self.up.values())
-            if up != self.manager.remote_reachable:
+            if up != self.reachable:
                 logger.info(
                     "Chunk Cache: remote store %s",
                     "reachable: missing entries are read from it again"
                     if up
                     else "unreachable: missing entries are computed until it is back",
                 )
-                self.manager.remote_reachable = up
+                self.reachable = up
         if report.remote_counters:
             self.counters.update(report.remote_counters)
-            self.manager.stats.sum_remote_counters(self.counters.values())
+            self.stats.sum_remote_counters(self.counters.values())
         for read_id, ok in report.reads.items():
             entry = self.in_flight.pop(read_id)
             if self.manager.fetched(entry, ok):

@@ -5,10 +5,10 @@ writer of step metadata."""
 
 from __future__ import annotations
 
-from vllm_ascend_chunk.scheduler.manager import Moves
 from vllm_ascend_chunk.scheduler.prefills import Saves
 from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
 from vllm_ascend_chunk.scheduler.requests import UserRequest
+from vllm_ascend_chunk.scheduler.tiers import Moves
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, RemoteRead, ScoreSpec
 
 

@@ -1,0 +1,67 @@
+"""HostTier: the host-memory tier behind the `scheduler.tiers.Tier` interface.
+
+Entries evicted from the pool are copied into host rows (`HostIndex` says which), and a missing
+key found there is copied back with the step being built (`Fill.NOW`). The copies are `Moves` the
+worker runs at the start of the step, host writes before host reads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_ascend_chunk.scheduler.host_index import HostIndex
+from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
+from vllm_ascend_chunk.scheduler.tiers import Fill, Moves
+
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.scheduler.manager import Entry
+
+
+class HostTier:
+    def __init__(self, num_pages: int, page_size: int, stats: ChunkCacheStats, token_bytes: int = 0) -> None:
+        self.index = HostIndex(num_pages, page_size)
+        self.stats = stats
+        self.token_bytes = token_bytes
+        """Bytes of one token's K/V in every layer (for the byte counters)."""
+        self._moves = Moves()
+
+    def hold(self, key: bytes) -> None:
+        self.index.read(key)
+
+    def prepare_load(self, entry: Entry) -> Fill:
+        copy = self.index.read(entry.key)
+        if copy is None:
+            return Fill.ABSENT
+        self._moves.read_from += copy.rows(self.index.page_size)
+        self._moves.read_to += entry.rows(self.index.page_size)
+        self.stats.host_bytes_read += entry.num_tokens * self.token_bytes
+        return Fill.NOW
+
+    def loaded(self, entry: Entry, tokens: int, ok: bool) -> None:
+        if tokens:
+            self.stats.host_hits += 1
+            self.stats.host_hit_tokens += tokens
+
+    def prepare_store(self, entry: Entry) -> None:
+        if self.index.touch(entry.key):  # still there since it was copied back
+            return
+        copy = self.index.store(entry.key, entry.num_tokens)
+        self.stats.host_evictions = self.index.evictions
+        if copy is not None:
+            self._moves.write_from += entry.rows(self.index.page_size)
+            self._moves.write_to += copy.rows(self.index.page_size)
+            self.stats.host_bytes_written += entry.num_tokens * self.token_bytes
+
+    def take_moves(self, moves: Moves) -> None:
+        planned, self._moves = self._moves, Moves()
+        moves.write_from += planned.write_from
+        moves.write_to += planned.write_to
+        moves.read_from += planned.read_from
+        moves.read_to += planned.read_to
+        self.index.end_step()
+
+    def clear(self) -> None:
+        self.index.clear()
+
+    def gauges(self) -> dict[str, float]:
+        return {"host_usage_ratio": self.index.usage_ratio, "host_entries": len(self.index.entries)}
