@@ -8,8 +8,8 @@ built from the checkout), its patch command, `vllm serve` and one `curl` with a 
 The test sets what the blocks leave to the reader: VENV (a temporary folder), MODEL (the tiny
 Llama), PORT (a free one); VLLM_CPU_KVCACHE_SPACE=1 as every test here. pip downloads and
 unpacks the pinned stack each time (~3 minutes on 2 cores; its HTTP cache stays empty where the
-registry's responses carry no caching header, as on the machines this ran on). The venv takes ~6.5 GB (torch brings its CUDA libraries); it is removed
-when the test ends."""
+registry's responses carry no caching header, as on the machines this ran on). The venv takes
+~6.5 GB (torch brings its CUDA libraries); it is removed when the test ends."""
 
 from __future__ import annotations
 
