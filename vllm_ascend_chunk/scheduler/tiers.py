@@ -5,8 +5,9 @@ first that has a copy fills the new entry, either with the step being built (`Fi
 host tier's row copies; the entry is resident at once) or asynchronously (`Fill.LATER`: the
 remote store's read; the entry is FETCHING until `ChunkCacheManager.fetched` says how it ended).
 An entry evicted from the pool is offered to every tier (`prepare_store`). A new backend is one
-class with these methods; the manager and the coordinator need no edits
-(`tests/helpers/memory_tier.py` is one, used by the manager's state-machine test).
+class with these methods and the manager needs no edits (`tests/helpers/memory_tier.py` is one,
+used by the manager's random operation test); an asynchronous one that the workers fill still
+needs the coordinator to send its reads, as it sends the remote store's (`RemoteReads.send`).
 """
 
 from __future__ import annotations
