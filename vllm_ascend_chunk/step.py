@@ -3,7 +3,7 @@ workers tell the scheduler back (the KV-connector worker metadata).
 
 Decisions travel as data: the worker executes these operations and never reads scheduler state.
 Order on the worker: copies into the host tier, copies out of it, remote reads started, loads;
-the forward; saves, remote writes; remote reads finished and reported.
+the forward; saves, remote writes; remote reads finished and reported (`worker.tiers`).
 """
 
 from __future__ import annotations
@@ -92,6 +92,17 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
     scores: dict[str, list[float] | None] = field(default_factory=dict)
     """`ScoreSpec` request id → per region token, the attention weight the piece's queries gave it,
     summed over this worker's heads (None: not scored); workers' sums add up."""
+
+    @staticmethod
+    def union(parts: list[ChunkCacheWorkerMetadata]) -> ChunkCacheWorkerMetadata:
+        """One worker's report from its parts (its tiers', its scores), which never name the same
+        read, rank or request."""
+        return ChunkCacheWorkerMetadata(
+            reads={k: v for p in parts for k, v in p.reads.items()},
+            remote_up={k: v for p in parts for k, v in p.remote_up.items()},
+            remote_counters={k: v for p in parts for k, v in p.remote_counters.items()},
+            scores={k: v for p in parts for k, v in p.scores.items()},
+        )
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> ChunkCacheWorkerMetadata:
         assert isinstance(other, ChunkCacheWorkerMetadata)

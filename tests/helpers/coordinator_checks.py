@@ -20,7 +20,7 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
     reading = list(coord.remote.in_flight.values())
     dropped = {id(e): e for p in live_prefills.values() for e in p.entries if e.dropped}
     dropped.update({id(e): e for u in coord.users.values() for e in (u.entries or []) if e.dropped})
-    dropped.update({id(e): e for e in reading + coord.remote.failed if e.dropped})
+    dropped.update({id(e): e for e in reading + manager.refills if e.dropped})
     taken = [p for e in [*manager.entries.values(), *dropped.values()] for p in e.pages]
     assert len(taken) == len(set(taken)), "a page belongs to two entries"
     assert sorted(taken + manager.free_pages) == list(range(manager.num_pages))
@@ -36,7 +36,7 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
         assert entry.pins == pins.get(id(entry), 0)
         if not entry.resident:
             computed = any(entry in p.entries for p in live_prefills.values())
-            assert computed or entry in reading or entry in coord.remote.failed, "orphan pending entry"
+            assert computed or entry in reading or entry in manager.refills, "orphan pending entry"
             assert entry.fetching == (entry in reading)
     for entry in [e for p in live_prefills.values() for e in p.entries] + reading:
         assert not set(entry.pages) & set(manager.free_pages), "free page still written"
@@ -49,6 +49,6 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
 def check_drained(coord: ChunkCacheCoordinator) -> None:
     """Nothing pinned or pending is left, and the pool's used pages are exactly its entries'."""
     manager = coord.manager
-    assert not coord.remote.in_flight and not coord.remote.failed
+    assert not coord.remote.in_flight and not manager.refills
     assert manager.pinned_entries == 0 and all(e.resident for e in manager.entries.values())
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())

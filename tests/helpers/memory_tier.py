@@ -6,7 +6,7 @@ is ended by the workers' report."""
 from __future__ import annotations
 
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
-from vllm_ascend_chunk.scheduler.tiers import Fill, Moves
+from vllm_ascend_chunk.scheduler.tiers import Fill, TierJobs
 
 
 class MemoryTier:
@@ -36,7 +36,10 @@ class MemoryTier:
     def prepare_store(self, entry: Entry) -> None:
         self.copies[entry.key] = entry.num_tokens
 
-    def take_moves(self, moves: Moves) -> None:
+    def take_jobs(self, jobs: TierJobs) -> None:
+        pass
+
+    def reported(self, report) -> None:
         pass
 
     def clear(self) -> None:
@@ -45,7 +48,8 @@ class MemoryTier:
     def gauges(self) -> dict[str, float]:
         return {"memory_entries": len(self.copies)}
 
-    def finish(self, manager: ChunkCacheManager, index: int, ok: bool) -> tuple[Entry, bool]:
-        """End the `index`-th fill in flight; the entry and whether it must now be computed."""
+    def finish(self, manager: ChunkCacheManager, index: int, ok: bool) -> Entry:
+        """End the `index`-th fill in flight (if it failed while held: `manager.refills`)."""
         entry = self.filling.pop(index)
-        return entry, manager.fetched(entry, ok)
+        manager.fetched(entry, ok)
+        return entry

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
+from tests.helpers.memory_tier import MemoryTier
 from vllm_ascend_chunk.geometry import PoolGeometry
 from vllm_ascend_chunk.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.paging import pages_for, slot_of
@@ -196,6 +197,32 @@ def test_load_then_preemption_plans_again_without_counting_twice():
     assert coord.users["r"].status is UserStatus.WAITING
     assert coord.plan() == [] and coord.users["r"].ready
     assert (coord.manager.stats.hits, coord.manager.stats.misses) == (0, 2)
+
+
+def test_a_tier_the_coordinator_never_names_fills_what_it_has_and_what_it_fails_is_computed():
+    """A third backend (the test-only `MemoryTier`) joins under the pool with no edit to the
+    coordinator: its fills keep the request waiting, a failed one becomes a chunk prefill."""
+    coord = coordinator(16)
+    memory = MemoryTier()
+    coord.manager.add_tier(memory)
+    req = user_request("r", [b"d0", b"d1"])
+    info = req.chunk_cache
+    memory.copies = {info.sys_hash: info.sys_len, info.chunk_hashes[0]: info.chunk_lens[0]}
+    coord.on_new_request(req)
+    (prefill,) = coord.plan()  # d1 alone is computed; SYS and d0 are filled by the memory tier
+    sys_entry, d0, d1 = coord.users["r"].entries
+    assert prefill.entries == [d1] and memory.filling == [sys_entry, d0]
+    run_prefills(coord, [prefill])
+    assert coord.get_num_new_matched_tokens(req, 0) == (None, False)  # still filling
+    memory.finish(coord.manager, 0, ok=True)
+    memory.finish(coord.manager, 0, ok=False)  # d0 failed while r holds it
+    (refill,) = coord.plan()
+    assert refill.entries == [d0] and not coord.manager.refills
+    run_prefills(coord, [refill])
+    meta = admit(coord, req)
+    assert len(meta.load_rows) == info.question_start and coord.users["r"].status is UserStatus.LOADED
+    assert (memory.hits, memory.hit_tokens, memory.failures) == (0, 0, 1)  # SYS is no chunk
+    check_drained(coord)
 
 
 def test_a_request_loaded_elsewhere_is_never_planned_but_keeps_its_layout(chunk_env):
@@ -578,7 +605,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """Drain: with every prefill run and every ready request admitted, all requests load and
         the pool ends with no pins and no pending entries (no deadlock, no starvation)."""
         for _ in range(40):
-            if not (self.waiting or self.prefills_todo or self.prefills_ran or self.coord.remote.failed):
+            if not (self.waiting or self.prefills_todo or self.prefills_ran or self.coord.manager.refills):
                 break
             for prefill in self.coord.plan():
                 self.prefills_todo[prefill.request_id] = prefill

@@ -137,7 +137,8 @@ def test_entry_states_follow_the_documented_transitions():
         EntryState.FREED,
     ]
     assert fetching.fetching and fetching.dropped and not idle.dropped
-    assert not m.fetched(fetching, True) and fetching.state is EntryState.DROPPED_RESIDENT
+    m.fetched(fetching, True)
+    assert fetching.state is EntryState.DROPPED_RESIDENT and not m.refills
     m.mark_resident(computing)
     assert computing.state is EntryState.DROPPED_RESIDENT
     m.release([fetching, computing, pinned])
@@ -165,16 +166,16 @@ def test_evicted_entries_are_copied_to_the_host_tier_and_copied_back_on_a_miss()
     resident(m, b"a")
     a_rows = m.entries[b"a"].rows(4)
     resident(m, b"b")
-    m.take_moves()
+    m.take_jobs()
     resident(m, b"c")  # a is evicted: copied to host memory
-    moves = m.take_moves()
-    assert moves.write_from == a_rows and len(moves.write_to) == 4 and not moves.read_from
+    jobs = m.take_jobs()
+    assert jobs.write_from == a_rows and len(jobs.write_to) == 4 and not jobs.read_from
     assert (m.stats.evictions, m.stats.host_bytes_written) == (1, 40)
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # b goes to host, a comes back
     assert got.created == [] and got.entries[0].resident
-    moves = m.take_moves()
-    assert len(moves.read_from) == 4 and len(moves.write_from) == 4  # b out, then a in
-    assert moves.read_to == got.entries[0].rows(4)
+    jobs = m.take_jobs()
+    assert len(jobs.read_from) == 4 and len(jobs.write_from) == 4  # b out, then a in
+    assert jobs.read_to == got.entries[0].rows(4)
     assert (m.stats.host_hits, m.stats.host_hit_tokens, m.stats.misses) == (1, 4, 3)
 
 
@@ -182,13 +183,13 @@ def test_a_host_copy_read_in_the_step_being_built_is_not_replaced_before_it_is_s
     m, host = with_host(1, host_pages=1)
     resident(m, b"a")
     resident(m, b"b")  # a → host (its only page)
-    m.take_moves()
+    m.take_jobs()
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # a read back; b cannot go to host: a is read
     assert got is not None and b"b" not in host.entries and host.entries.keys() == {b"a"}
     m.release(got.entries)
-    m.take_moves()  # the step is sent: a's copy may be replaced now
+    m.take_jobs()  # the step is sent: a's copy may be replaced now
     resident(m, b"c")  # a leaves the pool: its copy is still in host memory, nothing to copy
-    assert not m.take_moves().write_from
+    assert not m.take_jobs().write_from
     resident(m, b"d")  # c leaves the pool and replaces a's copy
     assert host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
 
@@ -199,11 +200,11 @@ def test_one_step_never_writes_the_same_host_rows_twice():
     m, host = with_host(2, host_pages=1)
     resident(m, b"a")
     resident(m, b"b")
-    m.take_moves()
+    m.take_jobs()
     resident(m, b"c")  # a → host
     resident(m, b"d")  # b cannot go to host: its only page is a's, written in this step
-    moves = m.take_moves()
-    assert len(moves.write_to) == len(set(moves.write_to)) == 4
+    jobs = m.take_jobs()
+    assert len(jobs.write_to) == len(set(jobs.write_to)) == 4
     assert host.entries.keys() == {b"a"}
     resident(m, b"e")  # the step was sent: c replaces a's copy now
     assert host.entries.keys() == {b"c"}
@@ -214,13 +215,13 @@ def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
     resident(m, b"a")
     resident(m, b"b")
     resident(m, b"c")  # a → host
-    m.take_moves()
+    m.take_jobs()
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # a read back from host in this step
     m.clear()  # a reset in the same step: a stays pinned, its host copy is still to be read
     resident(m, b"x")
     resident(m, b"y")  # x leaves the pool: a's host page is not free before the step is sent
-    moves = m.take_moves()
-    assert not set(moves.write_to) & set(moves.read_from) and len(moves.read_from) == 4
+    jobs = m.take_jobs()
+    assert not set(jobs.write_to) & set(jobs.read_from) and len(jobs.read_from) == 4
     m.release(got.entries)  # a, dropped, frees its pool page
     resident(m, b"z")
     resident(m, b"w")  # y leaves the pool and takes the host page, free now
@@ -235,8 +236,10 @@ def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read
     joined = m.acquire([(b"a", 4)], chunk_keys={b"a"})
     assert joined.fetches == [] and (m.stats.misses, m.stats.inflight_joins) == (1, 1)
     sys_entry, chunk = got.entries
-    assert not m.fetched(sys_entry, True) and sys_entry.resident and m.stats.remote_hits == 0
-    assert m.fetched(chunk, False) and not chunk.resident  # held: it must be computed now
+    m.fetched(sys_entry, True)
+    assert sys_entry.resident and m.stats.remote_hits == 0 and not m.refills
+    m.fetched(chunk, False)
+    assert m.take_refills() == [chunk] and not chunk.resident  # held: it must be computed now
     assert (m.stats.misses, m.stats.miss_tokens, m.stats.remote_read_failures) == (2, 8, 1)
 
 
@@ -245,4 +248,5 @@ def test_a_failed_read_nobody_holds_any_more_frees_its_pages():
     RemoteReads(m, enabled=True)
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})
     m.release(got.entries)
-    assert not m.fetched(got.entries[0], False) and m.entries == {} and m.used_pages == 0
+    m.fetched(got.entries[0], False)
+    assert not m.refills and m.entries == {} and m.used_pages == 0

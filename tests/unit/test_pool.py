@@ -1,5 +1,6 @@
 """ChunkCachePool without an engine: small CPU_ATTN paged caches written and read through the
-backend's own op (the loaders and readers a CPU worker builds), a pool and a host tier on them.
+backend's own op (the loaders and readers a CPU worker builds), a pool and a host tier
+(`HostCopies`) on them.
 
 Saves copy paged-cache slots into pool rows for every layer, loads copy them back (keys moved by
 a rotation when given), rows move between the pool, host copies and the host tier; every move
@@ -19,6 +20,8 @@ from vllm_ascend_chunk.ops.base import KVLoader, KVReader, Staging
 from vllm_ascend_chunk.ops.cpu import cpu_reader, cpu_writer
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, rerotate_keys
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.worker.host_copies import HostCopies
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 
 LAYERS, HEADS, HEAD, BLOCK, BLOCKS = 2, 2, 32, 16, 6
@@ -94,9 +97,9 @@ def test_pool_and_host_tier_tensors(dtype: torch.dtype) -> None:
     pool = paged(geometry(dtype)).pool
     assert pool.kv.shape == (LAYERS, 2, 64, HEADS, HEAD) and pool.kv.dtype == dtype
     assert not pool.kv.any()
-    assert pool.host_kv.shape == (LAYERS, 2, 48, HEADS, HEAD) and pool.host_kv.dtype == dtype
-    assert not pool.host_kv.any() and not pool.host_kv.is_pinned()  # pinned only beside an accelerator
-    assert paged(geometry(dtype, host_pages=0)).pool.host_kv is None
+    host = HostCopies(geometry(dtype), CPU).kv
+    assert host.shape == (LAYERS, 2, 48, HEADS, HEAD) and host.dtype == dtype
+    assert not host.any() and not host.is_pinned()  # pinned only beside an accelerator
 
 
 @DTYPES
@@ -155,34 +158,51 @@ def test_write_rows_touches_only_its_rows() -> None:
 @DTYPES
 def test_rows_go_to_the_host_tier_and_come_back_elsewhere(dtype: torch.dtype) -> None:
     pool = paged(geometry(dtype)).pool
+    host = HostCopies(geometry(dtype), CPU)
     values = random_rows(pool, 3, seed=6)
     pool.write_rows([0, 17, 63], values)
-    pool.to_host([0, 17, 63], [47, 0, 20])
+    host.to_host(pool, [0, 17, 63], [47, 0, 20])
     host_others = [r for r in range(48) if r not in (47, 0, 20)]
-    assert not pool.host_kv[:, :, host_others].any(), "to_host wrote host rows it was not given"
-    assert torch.equal(pool.host_kv[:, :, [47, 0, 20]], values)
+    assert not host.kv[:, :, host_others].any(), "to_host wrote host rows it was not given"
+    assert torch.equal(host.kv[:, :, [47, 0, 20]], values)
     pool.kv.zero_()  # the pool rows are reused meanwhile
-    pool.from_host([20, 47], [33, 34])
+    host.from_host(pool, [20, 47], [33, 34])
     assert torch.equal(pool.read_rows([33, 34]), values[:, :, [2, 0]])
     pool_others = [r for r in range(64) if r not in (33, 34)]
     assert not pool.kv[:, :, pool_others].any(), "from_host wrote pool rows it was not given"
-    assert torch.equal(pool.host_kv[:, :, [47, 0, 20]], values), "from_host changed the host tier"
+    assert torch.equal(host.kv[:, :, [47, 0, 20]], values), "from_host changed the host tier"
+
+
+def test_a_step_copies_into_the_host_tier_before_it_copies_out_of_it() -> None:
+    """A pool row freed and reused in the same step: its old content reaches the host first."""
+    pool = paged(geometry()).pool
+    host = HostCopies(geometry(), CPU)
+    old, kept = random_rows(pool, 2, seed=10), random_rows(pool, 2, seed=11)
+    pool.write_rows([5, 6], old)
+    host.kv[:, :, [30, 31]] = kept
+    host.start(
+        ChunkCacheStepMetadata(
+            host_write_from=[5, 6], host_write_to=[0, 1], host_read_from=[30, 31], host_read_to=[5, 6]
+        ),
+        pool,
+    )
+    assert torch.equal(host.kv[:, :, [0, 1]], old) and torch.equal(pool.read_rows([5, 6]), kept)
 
 
 def test_empty_moves_change_nothing() -> None:
     p = paged(geometry())
     p.write(rows(*range(BLOCKS * BLOCK)), seed=7)
     p.pool.write_rows(list(range(64)), random_rows(p.pool, 64, seed=8))
-    p.pool.to_host(list(range(48)), list(range(48)))
-    state = [t.clone() for t in (p.pool.kv, p.pool.host_kv, *p.caches)]
+    host = HostCopies(geometry(), CPU)
+    host.to_host(p.pool, list(range(48)), list(range(48)))
+    state = [t.clone() for t in (p.pool.kv, host.kv, *p.caches)]
     empty = rows()
     p.pool.save(empty, empty)
     p.pool.load(empty, empty)
     p.pool.write_rows([], random_rows(p.pool, 0, seed=9))
-    p.pool.to_host([], [])
-    p.pool.from_host([], [])
+    host.start(ChunkCacheStepMetadata(), p.pool)
     assert p.pool.read_rows([]).shape == (LAYERS, 2, 0, HEADS, HEAD)
-    assert all(torch.equal(a, b) for a, b in zip(state, (p.pool.kv, p.pool.host_kv, *p.caches), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(state, (p.pool.kv, host.kv, *p.caches), strict=True))
 
 
 def test_a_pool_of_another_geometry_is_sized_by_it() -> None:
@@ -191,5 +211,5 @@ def test_a_pool_of_another_geometry_is_sized_by_it() -> None:
     p = paged(geometry())
     pool = ChunkCachePool(geo, p.loaders, p.readers, CPU)
     assert pool.kv.shape[2] == geo.num_rows == 16
-    assert pool.host_kv.shape == (LAYERS, 2, 40, HEADS, HEAD)
+    assert HostCopies(geo, CPU).kv.shape == (LAYERS, 2, 40, HEADS, HEAD)
     assert pool.kv.numel() * pool.kv.element_size() == geo.num_bytes

@@ -22,7 +22,7 @@ from benchmarks.mooncake_store import wait_for
 from tests.store.test_kv_object import header as kv_header
 from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool
 from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.step import RemoteRead, RemoteWrite
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.worker.kv_object import KVHeader, encode, object_size
 from vllm_ascend_chunk.worker.remote_store import RemoteStore
 from vllm_ascend_chunk.worker.remote_tier import RemoteTier
@@ -438,14 +438,23 @@ def test_tensor_parallel_shards_round_trip_between_engines(
     shards = [make_pool() for _ in writers]
     for seed, (tier, pool) in enumerate(zip(writers, shards, strict=True)):
         fill(pool, seed)
-        tier.write([RemoteWrite(key=b"doc", rows=[0, 1, 2, 3, 4])], pool)
+        tier.save(ChunkCacheStepMetadata(remote_writes=[RemoteWrite(key=b"doc", rows=[0, 1, 2, 3, 4])]), pool)
     for tier in writers:
         wait_for(lambda t=tier: t.store.stats().puts == 1, 10, "shard written")
     for tier, shard in zip(readers, shards, strict=True):
         pool = make_pool()
-        tier.start_reads([RemoteRead(read_id=1, key=b"doc", rows=[11, 12, 13, 14, 15])])
+        tier.start(
+            ChunkCacheStepMetadata(
+                remote_reads=[RemoteRead(read_id=1, key=b"doc", rows=[11, 12, 13, 14, 15])]
+            ),
+            pool,
+        )
         assert tier.finish(pool).reads == {1: True}
         assert torch.equal(pool.kv[:, :, 11:16], shard.kv[:, :, 0:5])
     for tier in [*ranks(1), ranks(2, model="other")[0]]:
-        tier.start_reads([RemoteRead(read_id=2, key=b"doc", rows=[0, 1, 2, 3, 4])])
-        assert tier.finish(make_pool()).reads == {2: False}
+        pool = make_pool()
+        tier.start(
+            ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=2, key=b"doc", rows=[0, 1, 2, 3, 4])]),
+            pool,
+        )
+        assert tier.finish(pool).reads == {2: False}

@@ -15,7 +15,7 @@ import torch
 
 from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.step import RemoteRead, RemoteWrite
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader, SigningKey, encode
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.remote_store import RemoteStoreStats
@@ -128,7 +128,7 @@ def test_writes_send_a_copy_of_the_entrys_rows_under_its_shard_name() -> None:
     pool = make_pool()
     fill(pool, seed=1)
     writes = [RemoteWrite(key=b"a", rows=[4, 5, 6]), RemoteWrite(key=b"b", rows=[15, 0])]
-    tier.write(writes, pool)
+    tier.save(ChunkCacheStepMetadata(remote_writes=writes), pool)
     for write, (name, h, kv) in zip(writes, store.puts, strict=True):
         assert name == object_name(write.key, tier.identity)
         assert h == tier.header(write.key, len(write.rows))
@@ -142,9 +142,8 @@ def test_writes_send_a_copy_of_the_entrys_rows_under_its_shard_name() -> None:
 def test_reads_that_arrive_are_written_into_their_rows_and_reported() -> None:
     tier, store = stand_in_tier()
     pool = make_pool()
-    tier.start_reads(
-        [RemoteRead(read_id=7, key=b"a", rows=[8, 9]), RemoteRead(read_id=8, key=b"b", rows=[1])]
-    )
+    reads = [RemoteRead(read_id=7, key=b"a", rows=[8, 9]), RemoteRead(read_id=8, key=b"b", rows=[1])]
+    tier.start(ChunkCacheStepMetadata(remote_reads=reads), pool)
     (name_a, header_a, got_a), (name_b, header_b, got_b) = store.gets
     assert (name_a, header_a) == (object_name(b"a", IDENTITY), tier.header(b"a", 2))
     assert (name_b, header_b) == (object_name(b"b", IDENTITY), tier.header(b"b", 1))
@@ -165,7 +164,7 @@ def test_reads_not_arrived_by_the_deadline_miss_once_for_the_whole_step() -> Non
     tier, store = stand_in_tier(timeout_s)
     pool = make_pool()
     reads = [RemoteRead(read_id=i, key=bytes([i]), rows=[i]) for i in range(4)]
-    tier.start_reads(reads)
+    tier.start(ChunkCacheStepMetadata(remote_reads=reads), pool)
     store.gets[1][2].set_running_or_notify_cancel()  # a read under way: it cannot be cancelled
     late = kv_of(tier, b"\x03", 1, seed=3)
     store.gets[3][2].set_result(late)  # behind the stuck ones, arrived in time
@@ -202,9 +201,10 @@ def test_each_worker_reports_under_its_own_rank() -> None:
     for (tp_rank, pp_rank), rank in {(3, 0): 3, (0, 1): 4, (3, 1): 7}.items():
         identity = dataclasses.replace(IDENTITY, tp_rank=tp_rank, tp_size=4, pp_rank=pp_rank, pp_size=2)
         tier, store = stand_in_tier(identity=identity)
-        tier.start_reads([RemoteRead(read_id=1, key=b"a", rows=[0])])
+        pool = make_pool()
+        tier.start(ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=1, key=b"a", rows=[0])]), pool)
         store.gets[0][2].set_result(None)
-        report = tier.finish(make_pool())
+        report = tier.finish(pool)
         assert set(report.remote_up) == set(report.remote_counters) == {rank}
 
 

@@ -45,15 +45,15 @@ def test_a_key_is_filled_by_the_first_tier_that_has_it_and_evictions_reach_every
     resident(m, b"c")
     resident(m, b"f")  # a leaves the pool: copied to both tiers
     assert host.index.entries.keys() == {b"a"} and memory.copies == {b"d": 8, b"a": 4}
-    m.take_moves()
+    m.take_jobs()
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # the host tier comes first: copied back with the step
     assert got.entries[0].resident and got.filled == {b"a": host} and memory.filling == []
     m.release(got.entries)
-    m.take_moves()
+    m.take_jobs()
     got = m.acquire([(b"d", 8)], chunk_keys={b"d"})  # only the memory tier has it: filled later
     (entry,) = got.entries
     assert got.fetches == [entry] and entry.state is EntryState.FETCHING and entry.source is memory
-    assert memory.finish(m, 0, ok=True) == (entry, False) and entry.resident
+    assert memory.finish(m, 0, ok=True) is entry and entry.resident and not m.refills
     assert (memory.hits, memory.hit_tokens, m.stats.host_hits, m.stats.remote_hits) == (1, 8, 1, 0)
 
 
@@ -63,7 +63,8 @@ def test_a_failed_fill_is_computed_while_held_and_counted_a_miss():
     got = m.acquire([(b"b", 6)], chunk_keys={b"b"})
     assert got.created == [] and memory.filling == got.entries
     misses = m.stats.misses
-    assert memory.finish(m, 0, ok=False) == (got.entries[0], True)  # held: compute it now
+    assert memory.finish(m, 0, ok=False) is got.entries[0]
+    assert m.take_refills() == got.entries  # held: compute it now
     assert m.stats.misses == misses + 1 and memory.failures == 1
 
 
@@ -103,8 +104,8 @@ class TieredRun:
         self.requests.append(got.entries)
         self.computing += got.created
         self.live.update({id(e): e for e in got.entries})
-        moves = self.m.take_moves()  # the step is sent
-        assert len(moves.read_from) == len(moves.read_to) and len(moves.write_from) == len(moves.write_to)
+        jobs = self.m.take_jobs()  # the step is sent
+        assert len(jobs.read_from) == len(jobs.read_to) and len(jobs.write_from) == len(jobs.write_to)
 
     def request_ends(self, data) -> None:
         self.m.release(self.requests.pop(data.draw(st.integers(0, len(self.requests) - 1))))
@@ -123,9 +124,8 @@ class TieredRun:
 
     def fill_ends(self, data) -> None:
         index = data.draw(st.integers(0, len(self.memory.filling) - 1))
-        entry, compute = self.memory.finish(self.m, index, ok=data.draw(st.booleans()))
-        if compute:
-            self.computing.append(entry)
+        self.memory.finish(self.m, index, ok=data.draw(st.booleans()))
+        self.computing += self.m.take_refills()
 
     def reset(self, data) -> None:
         """As the coordinator resets: the requests still waiting for an entry are released first
@@ -134,7 +134,7 @@ class TieredRun:
             self.requests.remove(entries)
             self.m.release(entries)
         self.m.clear()
-        self.m.take_moves()
+        self.m.take_jobs()
 
     def check(self) -> None:
         m = self.m
@@ -162,7 +162,8 @@ class TieredRun:
         """Every fill and prefill ends, every request leaves: nothing pinned or pending."""
         while self.memory.filling or self.computing:
             if self.memory.filling:
-                assert self.memory.finish(self.m, 0, ok=True)[1] is False
+                self.memory.finish(self.m, 0, ok=True)
+                assert not self.m.refills
             else:
                 self.m.mark_resident(self.computing.pop())
         for entries in self.requests:

@@ -32,14 +32,16 @@ that computes them (`ChunkPrefills.saves`); when the prefill has sampled its tok
 prompt was computed and saved), `request_finished` marks them resident.
 
 Tiers (`scheduler.tiers`): the manager offers missing keys to the host tier (`HostTier`: copies
-sent with the step) and then to the remote store (`RemoteReads`). A read is sent with
-the step and reported by the workers at its end (`RemoteReads`): the entry becomes resident, or a
-chunk prefill computes it. Every entry a chunk prefill computed is written to the remote store
-after the step that saved its last tokens.
+sent with the step) and then to the remote store (`RemoteReads`). The tiers' jobs are sent with
+the step, the workers' report goes back to the tiers, and an entry a tier failed to fill while a
+request holds it is computed by a chunk prefill (`ChunkCacheManager.take_refills`); this class
+names no tier beyond building them. Every entry a chunk prefill computed is written to the
+remote store after the step that saved its last tokens.
 
-Collaborators, one job each: `ChunkPrefills` (the hidden requests), `RemoteReads` (reads in flight),
-`RecomputePlanner` (`qattn`/`cover` passes), `StepBuilder` (the only writer of step metadata); this
-class holds the request state machine and calls them from vLLM's hooks.
+Collaborators, one job each: `ChunkPrefills` (the hidden requests), `ChunkCacheManager` (the
+pool and the tiers below it), `RecomputePlanner` (`qattn`/`cover` passes), `StepBuilder` (the
+only writer of step metadata); this class holds the request state machine and calls them from
+vLLM's hooks.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ class ChunkCacheCoordinator:
         """
         order = self._order()
         self._unplan_behind_blocked(order)
-        prefills = self._recompute_unread()
+        prefills = self._refill()
         self._blocked = None
         for user in order:
             if user.status is not UserStatus.WAITING:
@@ -139,17 +141,15 @@ class ChunkCacheCoordinator:
                 continue
             user.status, user.entries, user.counted = UserStatus.PLANNED, acquired.entries, True
             prefills += self.chunk_prefills.create(user, acquired.created)
-            for entry in acquired.fetches:
-                self._step.read(self.remote.send(entry, self.chunk_prefills.rows(entry)))
         self.manager.stats.chunk_prefills += len(prefills)
         return prefills
 
-    def _recompute_unread(self) -> list[ChunkPrefill]:
-        """Chunk prefills for the entries whose remote read failed."""
+    def _refill(self) -> list[ChunkPrefill]:
+        """Chunk prefills for the entries a tier failed to fill."""
         prefills = []
-        for entry in self.remote.take_failed():
+        for entry in self.manager.take_refills():
             holder = next((u for u in self.users.values() if u.entries and entry in u.entries), None)
-            if holder is None:  # its requests left (or were unplanned) since the read failed
+            if holder is None:  # its requests left (or were unplanned) since the fill failed
                 self.manager.discard(entry)
             else:
                 prefills += self.chunk_prefills.create(holder, [entry])
@@ -243,7 +243,7 @@ class ChunkCacheCoordinator:
         }
         meta = self._step.build(
             self.chunk_prefills.saves(pieces, scheduled, self.has_remote),
-            self.manager.take_moves(),
+            self.manager.take_jobs(),
             shifts,
             self.recompute.score_specs(scheduled),
         )
@@ -269,11 +269,11 @@ class ChunkCacheCoordinator:
         self.recompute.reposition(running)
 
     def update_connector_output(self, report: ChunkCacheWorkerMetadata | None) -> None:
-        """The workers' report of a step: remote reads ended, the store's state and counters,
-        scores."""
+        """The workers' report of a step: for the tiers (fills ended; the remote store's state
+        and counters), and scores."""
         if report is None:
             return
-        self.remote.reported(report)
+        self.manager.reported(report)
         self.recompute.scored(report.scores)
 
     def load_elsewhere(self, request: Request, num_tokens: int) -> None:

@@ -1,8 +1,9 @@
 """HostTier: the host-memory tier behind the `scheduler.tiers.Tier` interface.
 
 Entries evicted from the pool are copied into host rows (`HostIndex` says which), and a missing
-key found there is copied back with the step being built (`Fill.NOW`). The copies are `Moves` the
-worker runs at the start of the step, host writes before host reads.
+key found there is copied back with the step being built (`Fill.NOW`). The copies are `TierJobs`
+the worker runs at the start of the step, host writes before host reads
+(`worker.host_copies.HostCopies`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.scheduler.host_index import HostIndex
 from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
-from vllm_ascend_chunk.scheduler.tiers import Fill, Moves
+from vllm_ascend_chunk.scheduler.tiers import Fill, TierJobs
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.scheduler.manager import Entry
+    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
 
 
 class HostTier:
@@ -23,7 +25,7 @@ class HostTier:
         self.stats = stats
         self.token_bytes = token_bytes
         """Bytes of one token's K/V in every layer (for the byte counters)."""
-        self._moves = Moves()
+        self._jobs = TierJobs()
 
     def hold(self, key: bytes) -> None:
         self.index.read(key)
@@ -32,8 +34,8 @@ class HostTier:
         copy = self.index.read(entry.key)
         if copy is None:
             return Fill.ABSENT
-        self._moves.read_from += copy.rows(self.index.page_size)
-        self._moves.read_to += entry.rows(self.index.page_size)
+        self._jobs.read_from += copy.rows(self.index.page_size)
+        self._jobs.read_to += entry.rows(self.index.page_size)
         self.stats.host_bytes_read += entry.num_tokens * self.token_bytes
         return Fill.NOW
 
@@ -48,17 +50,20 @@ class HostTier:
         copy = self.index.store(entry.key, entry.num_tokens)
         self.stats.host_evictions = self.index.evictions
         if copy is not None:
-            self._moves.write_from += entry.rows(self.index.page_size)
-            self._moves.write_to += copy.rows(self.index.page_size)
+            self._jobs.write_from += entry.rows(self.index.page_size)
+            self._jobs.write_to += copy.rows(self.index.page_size)
             self.stats.host_bytes_written += entry.num_tokens * self.token_bytes
 
-    def take_moves(self, moves: Moves) -> None:
-        planned, self._moves = self._moves, Moves()
-        moves.write_from += planned.write_from
-        moves.write_to += planned.write_to
-        moves.read_from += planned.read_from
-        moves.read_to += planned.read_to
+    def take_jobs(self, jobs: TierJobs) -> None:
+        planned, self._jobs = self._jobs, TierJobs()
+        jobs.write_from += planned.write_from
+        jobs.write_to += planned.write_to
+        jobs.read_from += planned.read_from
+        jobs.read_to += planned.read_to
         self.index.end_step()
+
+    def reported(self, report: ChunkCacheWorkerMetadata) -> None:
+        pass
 
     def clear(self) -> None:
         self.index.clear()

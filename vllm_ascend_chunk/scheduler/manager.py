@@ -13,9 +13,9 @@ Tiers (`docs/design.md`, Tiers; `scheduler.tiers`). A key missing from the pool 
 each of `tiers` in order: the host-memory tier fills the new entry with the step's row copies
 (resident at once), the remote store asynchronously (the entry is FETCHING until the workers
 report the read: `fetched`); otherwise it is computed. An entry evicted from the pool is offered
-to every tier first. The host tier's copies are `Moves` that the worker runs at the start of the
-next step, host writes before host reads, before anything else touches the pool; so a page freed
-here and reused at once is only overwritten after its old content has been copied out.
+to every tier first. The host tier's copies are `TierJobs` that the worker runs at the start of
+the next step, host writes before host reads, before anything else touches the pool; so a page
+freed here and reused at once is only overwritten after its old content has been copied out.
 
 A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
 or still being computed or read keeps its pages until that ends (a DROPPED_ state), so no page is
@@ -27,10 +27,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.paging import PagedEntry, PageIndex, pages_for
 from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
-from vllm_ascend_chunk.scheduler.tiers import Fill, Moves, Tier
+from vllm_ascend_chunk.scheduler.tiers import Fill, Tier, TierJobs
+
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
 
 
 class EntryState(enum.Enum):
@@ -40,7 +44,7 @@ class EntryState(enum.Enum):
       tier), FETCHING (a tier fills it asynchronously: the remote store) or COMPUTING (a chunk
       prefill fills it).
     - `fetched`: FETCHING → RESIDENT if the fill brought the entry; otherwise → COMPUTING while a
-      request holds it (the caller has it computed), else → FREED. DROPPED_FETCHING →
+      request holds it (it joins `refills`: the coordinator has it computed), else → FREED. DROPPED_FETCHING →
       DROPPED_RESIDENT (→ FREED if unpinned), or → FREED if the read failed.
     - `mark_resident` (its prefill completed): COMPUTING → RESIDENT; DROPPED_COMPUTING →
       DROPPED_RESIDENT, → FREED at once if unpinned.
@@ -125,6 +129,8 @@ class ChunkCacheManager(PageIndex[Entry]):
         self.stats = ChunkCacheStats()
         self.tiers: list[Tier] = []
         """The tiers below the pool, in the order a missing key is offered to them (`add_tier`)."""
+        self.refills: list[Entry] = []
+        """Entries whose fill failed while a request held them: to be computed (`take_refills`)."""
 
     def add_tier(self, tier: Tier) -> None:
         """`tier` is asked for missing keys after the tiers added before it."""
@@ -186,9 +192,9 @@ class ChunkCacheManager(PageIndex[Entry]):
                 stats.miss_tokens += num_tokens
                 stats.inflight_joins += entry not in acquired.created
 
-    def fetched(self, entry: Entry, ok: bool) -> bool:
-        """The asynchronous fill of a fetching entry ended: resident if `ok`. Returns whether the
-        entry must now be computed (the fill failed and a request still holds it)."""
+    def fetched(self, entry: Entry, ok: bool) -> None:
+        """The asynchronous fill of a fetching entry ended: resident if `ok`; if not, computed
+        while a request still holds it (`refills`), else freed."""
         assert entry.fetching and entry.source is not None, f"entry {entry.key.hex()[:12]} was not being read"
         # The fill ended: pending as if a prefill computed it, until it is resident or freed below.
         entry.state = EntryState.DROPPED_COMPUTING if entry.dropped else EntryState.COMPUTING
@@ -198,19 +204,28 @@ class ChunkCacheManager(PageIndex[Entry]):
             self.stats.miss_tokens += entry.fetch_tokens
         if ok:
             self.mark_resident(entry)
-            return False
-        if entry.pins and not entry.dropped:
-            return True
-        self.discard(entry)
-        return False
+        elif entry.pins and not entry.dropped:
+            self.refills.append(entry)
+        else:
+            self.discard(entry)
 
-    def take_moves(self) -> Moves:
-        """The tiers' row copies planned since the last call, for the step being built; the
+    def take_refills(self) -> list[Entry]:
+        """The entries whose fill failed while held, since the last call: compute them."""
+        refills, self.refills = self.refills, []
+        return refills
+
+    def take_jobs(self) -> TierJobs:
+        """What the tiers ask of the workers since the last call, for the step being built; the
         copies they read or write may be replaced from now on."""
-        moves = Moves()
+        jobs = TierJobs()
         for tier in self.tiers:
-            tier.take_moves(moves)
-        return moves
+            tier.take_jobs(jobs)
+        return jobs
+
+    def reported(self, report: ChunkCacheWorkerMetadata) -> None:
+        """The workers' report of a step, for every tier (the fills it ends: `fetched`)."""
+        for tier in self.tiers:
+            tier.reported(report)
 
     def release(self, entries: Iterable[Entry]) -> None:
         for entry in {id(e): e for e in entries}.values():

@@ -1,10 +1,10 @@
 """RemoteReads: the remote store behind the `scheduler.tiers.Tier` interface, the scheduler's side.
 
 A missing key is read from the store while the workers say it is reachable (`Fill.LATER`: the
-entry is FETCHING until the workers report the read); reads sent to the workers and not reported
-yet, those that failed (their entries computed instead), and the workers' word on the store's
-state are kept here. Entries reach the store by their chunk prefills' writes
-(`ChunkPrefills.saves`), so an evicted entry is not stored again.
+entry is FETCHING until the workers report the read; sent with the next step, `take_jobs`); the
+reads not reported yet and the workers' word on the store's state are kept here. An entry whose
+read failed is computed instead (`ChunkCacheManager.refills`). Entries reach the store by their
+chunk prefills' writes (`ChunkPrefills.saves`), so an evicted entry is not stored again.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.scheduler.tiers import Fill, Moves
+from vllm_ascend_chunk.scheduler.tiers import Fill, TierJobs
 from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead
 
 if TYPE_CHECKING:
@@ -34,9 +34,9 @@ class RemoteReads:
         if enabled:
             manager.add_tier(self)
         self.in_flight: dict[int, Entry] = {}
-        """Reads sent to the workers and not reported yet, by `RemoteRead.read_id`."""
-        self.failed: list[Entry] = []
-        """Entries whose read failed: computed from the next `plan` if a request still holds them."""
+        """Reads planned and not reported yet, by `RemoteRead.read_id`."""
+        self._unsent: list[RemoteRead] = []
+        """Reads planned for the step being built."""
         self.counters: dict[int, dict[str, int]] = {}
         """Latest remote-store counters of each worker."""
         self.up: dict[int, bool] = {}
@@ -52,6 +52,9 @@ class RemoteReads:
         if not self.reachable:
             return Fill.ABSENT
         self.stats.remote_reads += 1
+        read = RemoteRead(read_id=next(self._ids), key=entry.key, rows=entry.rows(self.manager.page_size))
+        self.in_flight[read.read_id] = entry
+        self._unsent.append(read)
         return Fill.LATER
 
     def loaded(self, entry: Entry, tokens: int, ok: bool) -> None:
@@ -63,21 +66,15 @@ class RemoteReads:
     def prepare_store(self, entry: Entry) -> None:
         pass
 
-    def take_moves(self, moves: Moves) -> None:
-        pass
+    def take_jobs(self, jobs: TierJobs) -> None:
+        jobs.remote_reads += self._unsent
+        self._unsent = []
 
     def clear(self) -> None:
         pass
 
     def gauges(self) -> dict[str, float]:
         return {"remote_up": int(self.reachable)}
-
-    # -- the reads -------------------------------------------------------------------------
-    def send(self, entry: Entry, rows: list[int]) -> RemoteRead:
-        """A read of `entry` into its pool `rows`, for the step being built."""
-        read = RemoteRead(read_id=next(self._ids), key=entry.key, rows=rows)
-        self.in_flight[read.read_id] = entry
-        return read
 
     def reported(self, report: ChunkCacheWorkerMetadata) -> None:
         """The workers' report of a step: the store's state and counters, the reads that ended."""
@@ -96,11 +93,4 @@ class RemoteReads:
             self.counters.update(report.remote_counters)
             self.stats.sum_remote_counters(self.counters.values())
         for read_id, ok in report.reads.items():
-            entry = self.in_flight.pop(read_id)
-            if self.manager.fetched(entry, ok):
-                self.failed.append(entry)
-
-    def take_failed(self) -> list[Entry]:
-        """The entries whose read failed since the last call."""
-        failed, self.failed = self.failed, []
-        return failed
+            self.manager.fetched(self.in_flight.pop(read_id), ok)

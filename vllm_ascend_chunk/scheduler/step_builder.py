@@ -1,15 +1,15 @@
 """The step being built: what the scheduler's hooks decided during one `schedule()` (loads of
-admitted requests, remote reads, shadow runs' position shifts), completed into the step's
-`ChunkCacheStepMetadata` with the saves, host-tier copies and scores of that step. The only
-writer of step metadata."""
+admitted requests, shadow runs' position shifts), completed into the step's
+`ChunkCacheStepMetadata` with the saves, tier jobs (host copies, remote reads) and scores of that
+step. The only writer of step metadata."""
 
 from __future__ import annotations
 
 from vllm_ascend_chunk.scheduler.prefills import Saves
 from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
 from vllm_ascend_chunk.scheduler.requests import UserRequest
-from vllm_ascend_chunk.scheduler.tiers import Moves
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, RemoteRead, ScoreSpec
+from vllm_ascend_chunk.scheduler.tiers import TierJobs
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ScoreSpec
 
 
 class StepBuilder:
@@ -26,21 +26,19 @@ class StepBuilder:
         if deltas is not None:
             self.meta.load_deltas += deltas
 
-    def read(self, read: RemoteRead) -> None:
-        self.meta.remote_reads.append(read)
-
     def shadow(self, run: ShadowRun) -> None:
         self.meta.position_shifts[run.request_id] = run.shift
 
     def build(
-        self, saves: Saves, moves: Moves, shifts: dict[str, int], scores: dict[str, ScoreSpec]
+        self, saves: Saves, jobs: TierJobs, shifts: dict[str, int], scores: dict[str, ScoreSpec]
     ) -> ChunkCacheStepMetadata:
-        """The step's metadata: this builder's operations, the step's `saves`, host-tier `moves`,
+        """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`,
         the position `shifts` of its scheduled chunk-path requests and the `scores` to take."""
         meta = self.meta
         meta.save_rows, meta.save_slots, meta.remote_writes = saves.rows, saves.slots, saves.writes
-        meta.host_write_from, meta.host_write_to = moves.write_from, moves.write_to
-        meta.host_read_from, meta.host_read_to = moves.read_from, moves.read_to
+        meta.host_write_from, meta.host_write_to = jobs.write_from, jobs.write_to
+        meta.host_read_from, meta.host_read_to = jobs.read_from, jobs.read_to
+        meta.remote_reads = jobs.remote_reads
         meta.position_shifts = {**shifts, **meta.position_shifts}
         meta.scores = scores
         return meta

@@ -4,10 +4,12 @@ A key missing from the pool is offered to each tier in order (`ChunkCacheManager
 first that has a copy fills the new entry, either with the step being built (`Fill.NOW`: the
 host tier's row copies; the entry is resident at once) or asynchronously (`Fill.LATER`: the
 remote store's read; the entry is FETCHING until `ChunkCacheManager.fetched` says how it ended).
-An entry evicted from the pool is offered to every tier (`prepare_store`). A new backend is one
-class with these methods and the manager needs no edits (`tests/helpers/memory_tier.py` is one,
-used by the manager's random operation test); an asynchronous one that the workers fill still
-needs the coordinator to send its reads, as it sends the remote store's (`RemoteReads.send`).
+An entry evicted from the pool is offered to every tier (`prepare_store`). What the workers must
+do for a tier travels with the next step (`take_jobs`), and their report of the step comes back
+to every tier (`reported`). A new backend is one class with these methods, and neither the
+manager nor the coordinator needs edits (`tests/helpers/memory_tier.py` is one, used by the
+manager's and the coordinator's random operation tests); its workers' side is one class behind
+`worker.tiers.WorkerTier`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.scheduler.manager import Entry
+    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead
 
 
 class Fill(enum.Enum):
@@ -32,9 +35,9 @@ class Fill(enum.Enum):
 
 
 @dataclass
-class Moves:
-    """Row copies between the device pool and host memory, for the next step's workers: every
-    `host_writes` copy runs before every `host_reads` copy."""
+class TierJobs:
+    """What the tiers ask of the next step's workers: row copies between the device pool and host
+    memory (every write before every read), then reads from the remote store."""
 
     write_from: list[int] = field(default_factory=list)
     """Device-pool rows copied into host memory ..."""
@@ -44,6 +47,8 @@ class Moves:
     """Host rows copied into the device pool ..."""
     read_to: list[int] = field(default_factory=list)
     """... at these pool rows (entries found in the host tier)."""
+    remote_reads: list[RemoteRead] = field(default_factory=list)
+    """Entries the remote store fills (`Fill.LATER`), read into their pool rows."""
 
 
 class Tier(Protocol):
@@ -62,9 +67,12 @@ class Tier(Protocol):
         """`entry` leaves the pool (evicted, its rows still hold its K/V this step): keep a copy
         if this tier keeps evicted entries."""
 
-    def take_moves(self, moves: Moves) -> None:
-        """The step being built is sent: add its row copies to `moves`; from now on the copies it
-        reads or writes may be replaced."""
+    def take_jobs(self, jobs: TierJobs) -> None:
+        """The step being built is sent: add what its workers must do for this tier to `jobs`;
+        from now on the copies it reads or writes may be replaced."""
+
+    def reported(self, report: ChunkCacheWorkerMetadata) -> None:
+        """The workers' report of a step: end the fills it reports (`ChunkCacheManager.fetched`)."""
 
     def clear(self) -> None:
         """Drop every copy (a cache reset)."""

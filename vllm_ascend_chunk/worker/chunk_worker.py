@@ -2,11 +2,12 @@
 
 Per step: `shift_positions` (from the model runner, once the slot mapping is computed from the
 logical positions) lowers the RoPE positions of chunk-path requests in the overlap layout;
-`load` (connector `start_load_kv`, before the forward) runs the host-tier copies, starts the
-remote reads and copies pool rows into slots; `save` (connector `wait_for_save`, after the
-forward) copies the slots that chunk prefills wrote into pool rows and queues the remote writes;
-`report` (connector `build_connector_worker_meta`, the step's end, with or without a forward)
-finishes the remote reads and returns the `qattn` scores. Nothing but the scorer
+`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`worker.tiers`:
+host copies, remote reads) and copies pool rows into slots; `save` (connector `wait_for_save`,
+after the forward) copies the slots that chunk prefills wrote into pool rows and hands the tiers
+what to keep (remote writes); `report` (connector `build_connector_worker_meta`, the step's end,
+with or without a forward) finishes the tiers' jobs and returns their reports and the `qattn`
+scores. Nothing but the scorer
 (`worker/scoring.py`, one layer, only in steps with question pieces to score) runs inside the
 attention op, so a forward replayed from a graph is handled the same.
 """
@@ -26,11 +27,13 @@ from vllm_ascend_chunk.ops.base import Staging
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader, make_kv_reader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.worker.host_copies import HostCopies
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.scoring import QuestionScorer, score_layer_index
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.worker.remote_tier import RemoteTier
+    from vllm_ascend_chunk.worker.tiers import WorkerTier
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -51,7 +54,8 @@ class ChunkCacheWorker:
         self.rotary: RotarySpec | None = None
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._model_bound = False
-        self.remote_tier: RemoteTier | None = None
+        self.tiers: list[WorkerTier] = []
+        """The tiers below the pool, in the order their jobs run (host copies, remote store)."""
         self._kv_caches: dict[str, torch.Tensor] = {}
         self.scorer: QuestionScorer | None = None
         """Scores `qattn` question pieces, if this worker holds the scoring layer."""
@@ -69,8 +73,10 @@ class ChunkCacheWorker:
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
         self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
+        if self.geometry.num_host_pages:
+            self.tiers.append(HostCopies(self.geometry, device))
         if engine_settings(self.vllm_config).remote_config is not None:
-            self.remote_tier = _connect_remote_tier(self.vllm_config, self.geometry)
+            self.tiers.append(_connect_remote_tier(self.vllm_config, self.geometry))
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
@@ -129,12 +135,8 @@ class ChunkCacheWorker:
             positions -= per_token.to(positions.device)
 
     def load(self, meta: ChunkCacheStepMetadata) -> None:
-        if meta.host_write_from:
-            self.pool.to_host(meta.host_write_from, meta.host_write_to)
-        if meta.host_read_from:
-            self.pool.from_host(meta.host_read_from, meta.host_read_to)
-        if meta.remote_reads:
-            self.remote_tier.start_reads(meta.remote_reads)
+        for tier in self.tiers:
+            tier.start(meta, self.pool)
         if not meta.load_rows:
             return
         device = self.pool.kv.device
@@ -161,22 +163,21 @@ class ChunkCacheWorker:
                 torch.tensor(meta.save_rows, dtype=torch.int64, device=device),
                 torch.tensor(meta.save_slots, dtype=torch.int64, device=device),
             )
-        if meta.remote_writes and self.remote_tier is not None:
-            self.remote_tier.write(meta.remote_writes, self.pool)
+        for tier in self.tiers:
+            tier.save(meta, self.pool)
 
     def report(self) -> ChunkCacheWorkerMetadata | None:
-        """The step's end: remote reads finished into the pool, and what the scheduler must know."""
-        report = self.remote_tier.finish(self.pool) if self.remote_tier is not None else None
+        """The step's end: the tiers' jobs finished, and what the scheduler must know."""
         scores = self.scorer.take() if self.scorer is not None else dict.fromkeys(self._unscored)
         self._unscored = []
+        parts = [part for tier in self.tiers if (part := tier.finish(self.pool)) is not None]
         if scores:
-            report = report or ChunkCacheWorkerMetadata()
-            report.scores = scores
-        return report
+            parts.append(ChunkCacheWorkerMetadata(scores=scores))
+        return ChunkCacheWorkerMetadata.union(parts) if parts else None
 
     def shutdown(self) -> None:
-        if self.remote_tier is not None:
-            self.remote_tier.close()
+        for tier in self.tiers:
+            tier.close()
 
 
 def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:

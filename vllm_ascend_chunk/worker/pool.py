@@ -1,10 +1,8 @@
-"""ChunkCachePool: the pool tensors, and the moves — save into it, load out of it, and copy
-rows to and from the host tier and the remote store.
+"""ChunkCachePool: the pool tensor, and the moves — save into it, load out of it, and read or
+write rows as host tensors (for the tiers below it, `worker.tiers`).
 
 `[layers, 2, rows, kv_heads, head_size]` in the KV dtype, allocated once after the paged KV
-cache; the host tier (if any) has the same format in host memory (pinned when the pool is on an
-accelerator). Rows are addressed by the scheduler (pages of `PAGE_SIZE` rows); the pool never
-decides.
+cache. Rows are addressed by the scheduler (pages of `PAGE_SIZE` rows); the pool never decides.
 """
 
 from __future__ import annotations
@@ -30,11 +28,6 @@ class ChunkCachePool:
         self.readers = readers
         shape = (geometry.num_layers, 2, geometry.num_rows, geometry.num_kv_heads, geometry.head_size)
         self.kv = torch.zeros(shape, dtype=geometry.dtype, device=device)
-        self.host_kv: torch.Tensor | None = None
-        if geometry.num_host_pages:
-            host_shape = (*shape[:2], geometry.num_host_pages * geometry.page_size, *shape[3:])
-            pin = device.type != "cpu"
-            self.host_kv = torch.zeros(host_shape, dtype=geometry.dtype, pin_memory=pin)
 
     def save(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
         """Copy paged-cache `slots` (post-RoPE K/V, every layer) into pool `rows`."""
@@ -56,11 +49,3 @@ class ChunkCachePool:
         """Pool `rows` := `values` (a host tensor shaped as `read_rows` returns)."""
         index = torch.tensor(rows, dtype=torch.int64, device=self.kv.device)
         self.kv.index_copy_(2, index, values.to(self.kv.device, non_blocking=values.is_pinned()))
-
-    def to_host(self, rows: list[int], host_rows: list[int]) -> None:
-        """Copy pool `rows` into the host tier at `host_rows`."""
-        self.host_kv.index_copy_(2, torch.tensor(host_rows, dtype=torch.int64), self.read_rows(rows))
-
-    def from_host(self, host_rows: list[int], rows: list[int]) -> None:
-        """Copy host-tier `host_rows` into the pool at `rows`."""
-        self.write_rows(rows, self.host_kv.index_select(2, torch.tensor(host_rows, dtype=torch.int64)))

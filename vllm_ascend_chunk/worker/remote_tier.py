@@ -1,4 +1,5 @@
-"""RemoteTier: one worker's side of the shared remote store — names, headers, reads in flight.
+"""RemoteTier: one worker's side of the shared remote store (`worker.tiers.WorkerTier`) — names,
+headers, reads in flight.
 
 Each worker stores its own shard of an entry (its tensor-parallel heads of its pipeline stage's
 layers) as one object named after the entry's key and the shard (`object_name`); the key already
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead, RemoteWrite
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead
 from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, KVHeader
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.remote_store import RemoteStore
@@ -86,13 +87,15 @@ class RemoteTier:
             key_id=self.store.signing_key.id if self.store.signing_key is not None else "",
         )
 
-    def start_reads(self, reads: list[RemoteRead]) -> None:
-        for read in reads:
+    def start(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
+        """Start the step's reads (they run while its forward does)."""
+        for read in meta.remote_reads:
             name = object_name(read.key, self.identity)
             self._reads.append((read, self.store.get(name, self.header(read.key, len(read.rows)))))
 
-    def write(self, writes: list[RemoteWrite], pool: ChunkCachePool) -> None:
-        for write in writes:
+    def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
+        """Queue the step's writes (entries whose last tokens it saved)."""
+        for write in meta.remote_writes:
             kv = pool.read_rows(write.rows)
             self.store.put(object_name(write.key, self.identity), self.header(write.key, len(write.rows)), kv)
 

@@ -1,0 +1,47 @@
+"""HostCopies: the host-memory tier's rows, the workers' side (`worker.tiers.WorkerTier`).
+
+The rows have the pool's format in host memory (pinned beside an accelerator); the scheduler's
+`HostTier` says which rows hold which entry. At the start of a step, entries evicted from the
+pool are copied into their host rows, then entries found in the host tier are copied into their
+new pool rows: so a pool row freed and reused at once is overwritten only after its old content
+was copied out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.worker.pool import ChunkCachePool
+
+
+class HostCopies:
+    def __init__(self, geometry: PoolGeometry, device: torch.device) -> None:
+        """`device`: the pool's (host rows are pinned unless it is the CPU)."""
+        g = geometry
+        shape = (g.num_layers, 2, g.num_host_pages * g.page_size, g.num_kv_heads, g.head_size)
+        self.kv = torch.zeros(shape, dtype=g.dtype, pin_memory=device.type != "cpu")
+
+    def to_host(self, pool: ChunkCachePool, rows: list[int], host_rows: list[int]) -> None:
+        """Copy pool `rows` into the host tier at `host_rows`."""
+        self.kv.index_copy_(2, torch.tensor(host_rows, dtype=torch.int64), pool.read_rows(rows))
+
+    def from_host(self, pool: ChunkCachePool, host_rows: list[int], rows: list[int]) -> None:
+        """Copy host-tier `host_rows` into the pool at `rows`."""
+        pool.write_rows(rows, self.kv.index_select(2, torch.tensor(host_rows, dtype=torch.int64)))
+
+    def start(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
+        if meta.host_write_from:
+            self.to_host(pool, meta.host_write_from, meta.host_write_to)
+        if meta.host_read_from:
+            self.from_host(pool, meta.host_read_from, meta.host_read_to)
+
+    def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
+        pass
+
+    def finish(self, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+        return None
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,31 @@
+"""The tiers below the device pool, the workers' side: each tier one `WorkerTier`.
+
+`ChunkCacheWorker` runs its tiers in order (the host copies, then the remote store) at three
+points of every step: `start` before the forward and before any load from the pool, `save` after
+the forward once the pool holds what the step computed, and `finish` at the step's end, whose
+reports go back to the scheduler's side of the tiers (`scheduler.tiers.Tier.reported`). A new
+backend is one class with these methods beside its scheduler-side class.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
+    from vllm_ascend_chunk.worker.pool import ChunkCachePool
+
+
+class WorkerTier(Protocol):
+    def start(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
+        """Before the forward: this tier's jobs of the step (copies done before the pool's loads;
+        asynchronous fills started)."""
+
+    def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
+        """After the forward and the pool's saves: keep what the step asks this tier to keep."""
+
+    def finish(self, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+        """The step's end: finish its fills; what the scheduler must know (None: nothing new)."""
+
+    def close(self) -> None:
+        """The worker shuts down."""
