@@ -18,8 +18,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from vllm_ascend_chunk.paging import PagedEntry
+
 if TYPE_CHECKING:
-    from vllm_ascend_chunk.scheduler.manager import Entry
     from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead
 
 
@@ -56,14 +57,14 @@ class Tier(Protocol):
         """`key` is about to be offered: keep its copy while the pool makes room (an eviction
         into this tier must not replace it)."""
 
-    def prepare_load(self, entry: Entry) -> Fill:
+    def prepare_load(self, entry: PagedEntry) -> Fill:
         """Plan filling `entry` (new, its pages taken) with this tier's copy of its key."""
 
-    def loaded(self, entry: Entry, tokens: int, ok: bool) -> None:
+    def loaded(self, entry: PagedEntry, tokens: int, ok: bool) -> None:
         """A fill of `entry` by this tier ended (`NOW`: at once, ok), to be counted as a hit of
         `tokens` chunk tokens (0: not counted)."""
 
-    def prepare_store(self, entry: Entry) -> None:
+    def prepare_store(self, entry: PagedEntry) -> None:
         """`entry` leaves the pool (evicted, its rows still hold its K/V this step): keep a copy
         if this tier keeps evicted entries."""
 
