@@ -44,8 +44,8 @@ class EntryState(enum.Enum):
       tier), FETCHING (a tier fills it asynchronously: the remote store) or COMPUTING (a chunk
       prefill fills it).
     - `fetched`: FETCHING → RESIDENT if the fill brought the entry; otherwise → COMPUTING while a
-      request holds it (it joins `refills`: the coordinator has it computed), else → FREED. DROPPED_FETCHING →
-      DROPPED_RESIDENT (→ FREED if unpinned), or → FREED if the read failed.
+      request holds it (it joins `refills`: the coordinator has it computed), else → FREED.
+      DROPPED_FETCHING → DROPPED_RESIDENT (→ FREED if unpinned), or → FREED if the fill failed.
     - `mark_resident` (its prefill completed): COMPUTING → RESIDENT; DROPPED_COMPUTING →
       DROPPED_RESIDENT, → FREED at once if unpinned.
     - `discard` (its prefill did not complete): COMPUTING or DROPPED_COMPUTING → FREED.
