@@ -225,6 +225,38 @@ def test_a_tier_the_coordinator_never_names_fills_what_it_has_and_what_it_fails_
     check_drained(coord)
 
 
+def test_reads_from_the_remote_store_that_arrive_load_and_those_that_fail_are_computed():
+    """Step by step (the stateful test below draws such steps at random): every missing entry is
+    read, no chunk prefill runs while the reads are out, and a failed read becomes one."""
+    coord = coordinator(64, has_remote=True)
+    arrive = user_request("r", [b"d0", b"d1"])
+    coord.on_new_request(arrive)
+    assert coord.plan() == []  # SYS, d0 and d1 are read, none computed
+    meta = coord.build_connector_meta(FakeOutput({}))
+    assert [read.key for read in meta.remote_reads] == [e.key for e in coord.users["r"].entries]
+    coord.update_connector_output(
+        ChunkCacheWorkerMetadata(reads={r.read_id: True for r in meta.remote_reads})
+    )
+    assert coord.plan() == [] and coord.users["r"].ready
+    assert len(admit(coord, arrive).load_rows) == arrive.chunk_cache.question_start
+
+    fail = user_request("q", [b"d2", b"d3"])
+    coord.on_new_request(fail)
+    assert coord.plan() == []  # SYS is resident: d2 and d3 are read
+    meta = coord.build_connector_meta(FakeOutput({}))
+    assert len(meta.remote_reads) == 2
+    coord.update_connector_output(
+        ChunkCacheWorkerMetadata(reads={r.read_id: False for r in meta.remote_reads})
+    )
+    prefills = coord.plan()
+    assert [p.entries for p in prefills] == [[e] for e in coord.users["q"].entries[1:]]
+    run_prefills(coord, prefills)
+    assert coord.plan() == [] and len(admit(coord, fail).load_rows) == fail.chunk_cache.question_start
+    stats = coord.manager.stats
+    assert (stats.remote_reads, stats.remote_read_failures, stats.remote_hits) == (5, 2, 2)
+    check_drained(coord)
+
+
 def test_a_request_loaded_elsewhere_is_never_planned_but_keeps_its_layout(chunk_env):
     """P/D decode instance: another connector loads the whole chunk region; the chunk cache plans
     nothing, loads nothing, and still places the tokens computed after it."""
