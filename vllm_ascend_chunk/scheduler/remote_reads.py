@@ -78,7 +78,7 @@ class RemoteReads:
 
     def reported(self, report: ChunkCacheWorkerMetadata) -> None:
         """The workers' report of a step: the store's state and counters, the reads that ended."""
-        if report.remote_up and self.enabled:
+        if report.remote_up:
             self.up.update(report.remote_up)
             up = all(self.up.values())
             if up != self.reachable:
