@@ -186,9 +186,9 @@ def test_client_disconnects_leave_no_pins(tiny_llama_server, tiny_llama_server_l
             json=body | {"prompt": cc.chunked(cc.SYS, docs[1:], "Leave early?")},
         ) as resp:
             assert resp.status_code == 200
-            # The engine has the request once it has looked up its documents. A counter, not the
-            # running + waiting gauge: a poll can miss a gauge's moment on a loaded 2-core
-            # machine (twice in CI, after 10 s and after 30 s).
+            # The engine has the request once it has looked up its documents: a counter, which a
+            # poll cannot miss. The running + waiting gauge read 0 throughout, 10 s in one CI
+            # run and 30 s in another, on loaded 2-core machines (why was never seen).
             seen = server_utils.wait_metrics(url, lambda m: lookups(m) >= looked_up, server_utils.TIMEOUT)
             assert lookups(seen) >= looked_up, tiny_llama_server_log.read_text(errors="replace")[-4000:]
         assert in_flight_until(url, lambda n: n == 0, timeout=5) == 0
