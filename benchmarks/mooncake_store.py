@@ -11,23 +11,17 @@ from __future__ import annotations
 import atexit
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.serve_util import free_ports
 from vllm_ascend_chunk.config import RemoteConfig
 
 STORE_BYTES = 256 << 20
 """Memory the store process contributes (by default)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mooncake_binary(name: str) -> str:
@@ -56,9 +50,7 @@ class MooncakeProcs:
         self.store_bytes = store_bytes
         self.lease_ms = lease_ms
         """How long a read holds an object (Mooncake's default): a read slower than this fails."""
-        self.rpc_port, self.metadata_port, self.metrics_port, self.store_port = (
-            free_port() for _ in range(4)
-        )
+        self.rpc_port, self.metadata_port, self.metrics_port, self.store_port = free_ports(4)
         self.master: subprocess.Popen | None = None
         self.store: subprocess.Popen | None = None
         self._starts = 0

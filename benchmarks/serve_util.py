@@ -52,10 +52,21 @@ def portable(text: str | Path) -> str:
     return " ".join(words)
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now. Every socket stays bound until all are picked:
+    ports picked one at a time, each socket closed before the next, can repeat (a Mooncake master
+    and its store process once drew the same one, and the master dropped the store's memory)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now."""
+    (port,) = free_ports(1)
+    return port
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

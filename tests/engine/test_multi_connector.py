@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.serve_util import free_ports
 from tests.engine.test_chunk_engines import check_round
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
@@ -42,19 +43,13 @@ def multi(*children: dict) -> dict:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mooncake_config(tmp_path: Path):
     """A running `mooncake_master` (with its HTTP metadata server) and the JSON config of
     vLLM's `MooncakeStoreConfig` for it; yields the config's path."""
     if not MASTER.exists():
         pytest.skip(f"Mooncake Store is not installed ({MASTER} missing)")
-    rpc, http = free_port(), free_port()
+    rpc, http = free_ports(2)
     log = (tmp_path / "mooncake_master.log").open("w")
     master = subprocess.Popen(
         [

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.mooncake_store import MooncakeProcs, free_port
+from benchmarks.mooncake_store import MooncakeProcs
+from benchmarks.serve_util import free_port
 from tests.engine.test_chunk_engines import check_round
 from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
