@@ -36,9 +36,15 @@ def pytest_addoption(parser) -> None:
     )
 
 
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+INDUCTOR_CACHE = USER_CACHE / "vllm-ascend-chunk" / "inductor"
+"""The kernel cache every test process shares (CHUNK_CACHE_TEST_INDUCTOR_CACHE overrides it)."""
+
+
 def pytest_configure(config) -> None:
-    """Torch inductor's vector-ISA probe (~15 s per engine process) runs once per test run:
-    tests/helpers/site/sitecustomize.py memoizes it here and in every child process. Under
+    """Torch inductor's vector-ISA probe (~15 s per engine process) runs once per test run, and
+    its kernels compile once per graph, not once per engine configuration:
+    tests/helpers/site/sitecustomize.py does both here and in every child process. Under
     pytest-xdist the controller makes the memo and its workers inherit it. The controller also
     removes the shared-memory segments that killed CPU workers of earlier runs left behind
     (tests/helpers/stale_shm.py): a TP or PP engine that draws a leftover's port cannot start."""
@@ -46,6 +52,7 @@ def pytest_configure(config) -> None:
         memo = tempfile.mkdtemp(prefix="chunk-cache-isa-probe-")
         config.isa_probe_memo = memo
         os.environ["CHUNK_CACHE_TEST_ISA_MEMO"] = memo
+        os.environ.setdefault("CHUNK_CACHE_TEST_INDUCTOR_CACHE", str(INDUCTOR_CACHE))
         config.stale_shm_removed = remove_stale_segments()
     site = str(REPO / "tests" / "helpers" / "site")
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
