@@ -42,6 +42,14 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.05) -
         time.sleep(interval_s)
 
 
+def _stopped(task: Path) -> bool:
+    """Whether a thread (/proc/PID/task/TID) is stopped: state T, the field after its name."""
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (FileNotFoundError, ProcessLookupError):
+        return True  # gone: it serves nothing either
+
+
 class MooncakeProcs:
     """A master and a store process, started and stopped on demand; logs under `log_dir`."""
 
@@ -120,9 +128,13 @@ class MooncakeProcs:
         self.master = None
 
     def pause(self) -> None:
-        """SIGSTOP the store process: the master answers, transfers hang (the "slow store")."""
+        """SIGSTOP the store process: the master answers, transfers hang (the "slow store").
+        Returns once every thread of it has stopped: a signal takes effect when the kernel next
+        schedules a thread, and on a busy machine one read was served after `send_signal`."""
         assert self.store is not None
         self.store.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.store.pid}/task")
+        wait_for(lambda: all(_stopped(t) for t in tasks.iterdir()), 10, "the store stopped", 0.005)
 
     def resume(self) -> None:
         assert self.store is not None
