@@ -56,7 +56,6 @@ def _memoize(module: ModuleType) -> None:
 
 def _share_cache(module: ModuleType) -> None:
     shared = os.environ["CHUNK_CACHE_TEST_INDUCTOR_CACHE"]
-
     original = module.cache_dir
 
     def cache_dir() -> str:
@@ -64,9 +63,10 @@ def _share_cache(module: ModuleType) -> None:
         os.makedirs(shared, exist_ok=True)
         return shared
 
-    # Modules already loaded (the pytest process may have imported torch's) hold it by name.
-    for loaded in [module, *sys.modules.values()]:
-        if getattr(loaded, "cache_dir", None) is original:
+    # Torch's modules already loaded (the pytest process may have imported them) hold it by name.
+    for name, loaded in list(sys.modules.items()):
+        torch_module = loaded is not None and (name == "torch" or name.startswith("torch."))
+        if torch_module and vars(loaded).get("cache_dir") is original:
             loaded.cache_dir = cache_dir
 
 
