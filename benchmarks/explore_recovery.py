@@ -20,7 +20,8 @@ recompute fraction (prompt tokens computed / prompt tokens, when every document 
 scaling, `last`, `last:2`). Plans run in one masked forward (`run(..., one_pass=True)`, equal to
 the run-by-run loop). The JSON is rewritten after every question. Curves of its summary:
 `benchmarks/plot_recompute_curves.py`. `selection` stands for `SELECTION_CONFIGS` (issue 35: the
-engine's `qattn:r/16` against candidate selection rules, at 5-20 %).
+engine's `qattn:r/16` against candidate selection rules, at 5-20 %); `selection-wide` adds more
+rules, `two-stage` puts `qattn:r/16,two-stage` beside `qattn:r/16`.
 
     .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \
         --max-tokens 20 --configs curves --out benchmarks/recompute_curves_synthetic.json
@@ -44,6 +45,7 @@ import platform
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from benchmarks import quality_data as qd
@@ -118,6 +120,15 @@ middle to late), sink repair with 4 tokens; `cover` at three targets under a 20 
 """Issue 25's sweep: `blend:r` (CacheBlend, oracle check layer), `qattn:r` (the question's
 attention at the middle layer), `epicr:r` (EPIC heads sized to the budget), `ape:T,S`;
 `curves-short` (`CURVE_CONFIGS_SHORT`): the budgets 10 and 20 % only, for long prompts."""
+
+
+TWO_STAGE_CONFIGS = [
+    "sequential/plain",
+    *[f"sequential/qattn:{r}/16{rule}" for rule in ("", ",two-stage") for r in SELECTION_BUDGETS],
+]
+"""`two-stage` (issue 35, item 1, the rule ProphetKV's selection suggested): the engine's
+`qattn:r/16` and its windows chosen in two stages (the better half, then the rest by the question
+scored again over the partly recomputed cache), at 5-20 % of the document tokens."""
 
 
 COVERAGE_BUCKETS = [0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
@@ -281,6 +292,7 @@ def main() -> None:
         "curves-short": CURVE_CONFIGS_SHORT,
         "selection": SELECTION_CONFIGS,
         "selection-wide": SELECTION_WIDE_CONFIGS,
+        "two-stage": TWO_STAGE_CONFIGS,
     }
     args.configs = [c for config in args.configs for c in presets.get(config, [config])]
 
@@ -350,12 +362,17 @@ def main() -> None:
                 attention[layout, layer, drop_last] = hr.question_attention(
                     model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer, drop_last
                 )
+            # `,two-stage`: the same scores over the cache with `compute` (its one argument) computed
+            rescore = partial(
+                hr.question_attention, model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer, drop_last
+            )
             compute = hr.recompute_set(
                 mode,
                 p.sys_len,
                 p.chunk_lens,
                 deviation.get(layout),
                 attention.get((layout, layer, drop_last)),
+                rescore,
             )
             out = hr.run(
                 model,

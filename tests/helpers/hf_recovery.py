@@ -53,6 +53,13 @@ Budgeted forms (issue 25; `r` = the fraction of region tokens computed, `round(r
   - `,grow`: windows sized by score mass instead of fixed width: tokens are added one at a time,
     each the highest-scoring token next to a chosen run or, while fewer than `m` runs exist, any
     token (ties: the earlier), until the count is reached (at most `m` runs, merged when they touch).
+  - `,two-stage` (alone): the windows of `qattn:r/m`'s grid chosen in two stages, after
+    ProphetKV's idea of selecting again once part of the budget is recomputed (its exact rule is
+    not reproduced here): the better half of the windows (rounded up) by the scores over the
+    plainly loaded cache, computed; the question scored again, at the same layer(s), over that
+    partly recomputed cache (`question_attention(..., compute=...)`); the rest of the windows by
+    those second scores among the windows not yet chosen. Same windows, same count as
+    `qattn:r/m`; an engine would need a second scoring pass after the first recompute.
 - `cover:t[/rmax[/rmin]]` (issue 35, item 2; the engine's `cover:TAU`): the windows of
   `qattn:rmax/16` (rmax default 0.2, rmin 0), ranked as there; the fewest best of them, at least
   `ceil(round(rmin * region) / w)`, such that C_1's score (C_1 is exact already) and theirs reach
@@ -90,6 +97,7 @@ import contextlib
 import itertools
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from unittest import mock
 
@@ -175,10 +183,12 @@ def recompute_set(
     chunk_lens: list[int],
     deviation: torch.Tensor | None = None,
     attention: torch.Tensor | None = None,
+    rescore: Callable[[set[int]], torch.Tensor] | None = None,
 ) -> set[int]:
     """Region offsets (0 = first token of C_1) computed rather than loaded, for `mode`.
 
-    `deviation` (for `blend`) and `attention` (for `qattn`): one score per region token."""
+    `deviation` (for `blend`) and `attention` (for `qattn`): one score per region token.
+    `rescore` (for `,two-stage`): the scores over the cache with the given offsets computed."""
     mode = mode.removeprefix("defer-")
     region = sum(chunk_lens)
     name, _, arg = mode.partition(":")
@@ -226,7 +236,7 @@ def recompute_set(
         if options:
             if not runs:
                 raise ValueError(f"{mode!r}: the options of qattn need a run count (qattn:r/m,...)")
-            return _refined(attention.float(), chunk_lens, count, int(runs), options)
+            return _refined(attention.float(), chunk_lens, count, int(runs), options, rescore)
         if runs:
             return _top_windows(attention.float(), first, count, int(runs))
         scores = attention.clone().float()
@@ -242,9 +252,7 @@ def _top_windows(
     first token on; the `ceil(count / width)` windows of highest summed score (ties: the earlier).
     `floor` (chunk start offsets after C_1): each of those chunks' best window ranks first."""
     width = -(-count // runs)
-    starts = list(range(first, len(scores), width))
-    sums = [float(scores[s : s + width].sum()) for s in starts]
-    order = sorted(range(len(starts)), key=lambda i: (-sums[i], i))
+    starts, order = _ranked_windows(scores, first, width)
     if floor:
         bounds = [*floor, len(scores)]
         each = [
@@ -254,6 +262,39 @@ def _top_windows(
         order = [*best_each, *(i for i in order if i not in best_each)]
     best = order[: -(-count // width)]
     return {t for i in best for t in range(starts[i], min(starts[i] + width, len(scores)))}
+
+
+def _ranked_windows(scores: torch.Tensor, first: int, width: int) -> tuple[list[int], list[int]]:
+    """The starts of the `width`-token windows from `first` on, and their indices by summed score
+    (highest first; ties: the earlier window)."""
+    starts = list(range(first, len(scores), width))
+    sums = [float(scores[s : s + width].sum()) for s in starts]
+    return starts, sorted(range(len(starts)), key=lambda i: (-sums[i], i))
+
+
+def _two_stage(
+    scores: torch.Tensor,
+    first: int,
+    count: int,
+    runs: int,
+    rescore: Callable[[set[int]], torch.Tensor],
+) -> set[int]:
+    """`,two-stage`: `qattn:r/m`'s windows, the better half by `scores`, the rest by
+    `rescore(first half)` among the windows left (see the module docstring)."""
+    width = -(-count // runs)
+    wanted = -(-count // width)
+    starts, order = _ranked_windows(scores, first, width)
+
+    def tokens(windows: list[int]) -> set[int]:
+        return {t for i in windows for t in range(starts[i], min(starts[i] + width, len(scores)))}
+
+    early = order[: -(-wanted // 2)]
+    chosen = tokens(early)
+    if len(early) == wanted:
+        return chosen
+    _, again = _ranked_windows(rescore(chosen).float(), first, width)
+    late = [i for i in again if i not in early][: wanted - len(early)]
+    return chosen | tokens(late)
 
 
 def cover_choice(attention: torch.Tensor, chunk_lens: list[int], arg: str) -> tuple[set[int], float, bool]:
@@ -311,9 +352,20 @@ def _grown_runs(scores: torch.Tensor, first: int, count: int, runs: int) -> set[
 
 
 def _refined(
-    scores: torch.Tensor, chunk_lens: list[int], count: int, runs: int, options: list[str]
+    scores: torch.Tensor,
+    chunk_lens: list[int],
+    count: int,
+    runs: int,
+    options: list[str],
+    rescore: Callable[[set[int]], torch.Tensor] | None = None,
 ) -> set[int]:
-    """`qattn:r/m,<options>` (sink:k, floor, grow): see the module docstring."""
+    """`qattn:r/m,<options>` (sink:k, floor, grow, two-stage): see the module docstring."""
+    if "two-stage" in options:
+        if options != ["two-stage"]:
+            raise ValueError(f"two-stage takes no other qattn option: {options}")
+        if rescore is None:
+            raise ValueError("two-stage needs the question's attention over a partly recomputed cache")
+        return _two_stage(scores, chunk_lens[0], count, runs, rescore)
     heads: set[int] = set()
     floor, grow = None, False
     offsets = [sum(chunk_lens[:i]) for i in range(1, len(chunk_lens))]  # chunk starts after C_1
@@ -414,13 +466,18 @@ def question_attention(
     kv: ChunkKV,
     layer: int | tuple[int, ...],
     drop_last: bool = False,
+    compute: set[int] | None = None,
 ) -> torch.Tensor:
     """Per region token: the question's attention weight at `layer` over the plainly loaded cache,
     summed over heads and question tokens (`qattn:r`), and over the layers if `layer` is a tuple;
     `drop_last`: over all but the question's last token (`qattn:r/m`, the engine's form: its
-    scoring pass stops before the token that samples)."""
+    scoring pass stops before the token that samples). `compute`: over the cache with those region
+    offsets computed instead (`,two-stage`'s second scores)."""
     starts, q_start = layout_starts(sys_len, chunk_lens, layout)
-    cache = _loaded_cache(model, kv, sys_len, starts)
+    if compute:  # run by run, so that the cache's columns stay in prompt order
+        cache = _region_cache(model, prompt, sys_len, chunk_lens, layout, compute, kv)
+    else:
+        cache = _loaded_cache(model, kv, sys_len, starts)
     q_ids = prompt[sys_len + sum(chunk_lens) :]
     weights: list[torch.Tensor] = []
     layers = layer if isinstance(layer, tuple) else (layer,)
@@ -436,8 +493,7 @@ def question_attention(
     return sum(w[0, :, rows, region].sum(dim=(0, 1)).float() for w in weights)
 
 
-@torch.no_grad()
-def run(
+def _region_cache(
     model,
     prompt: list[int],
     sys_len: int,
@@ -445,18 +501,12 @@ def run(
     layout: str,
     compute: set[int],
     kv: ChunkKV,
-    max_tokens: int = 16,
-    eos: int | None = None,
     defer: bool = False,
     one_pass: bool = False,
-    ape: tuple[float, float] | None = None,
-) -> Outcome:
-    """Execute the plan (loaded/computed region tokens, then Q), then decode greedily.
-
-    `defer`: the computed tokens go after every loaded token (a contiguous suffix before Q).
-    `one_pass`: every loaded token first, then the computed ones in one masked forward (same result).
-    `ape` = (T, S): the question's and generated tokens' attention over the region follows APE."""
-    starts, q_start = layout_starts(sys_len, chunk_lens, layout)
+):
+    """SYS and the region as the plan serves them: the tokens of `compute` computed, the others
+    loaded (see `run`)."""
+    starts, _ = layout_starts(sys_len, chunk_lens, layout)
     # Per region token: (prompt index, position, chunk, offset in chunk, computed?)
     tokens = []
     at = 0
@@ -467,7 +517,6 @@ def run(
     if defer or one_pass:
         tokens = [t for t in tokens if not t[4]] + [t for t in tokens if t[4]]
     cache = _cache_from([(k.clone(), v.clone()) for k, v in kv.sys])
-    logits = None
     r = 0
     while r < len(tokens):
         end = r
@@ -494,6 +543,31 @@ def run(
             for layer, (k, v) in enumerate(kv.chunks[i]):
                 cache.update(rotate(model, k[:, :, j0:j1], delta), v[:, :, j0:j1], layer)
         r = end
+    return cache
+
+
+@torch.no_grad()
+def run(
+    model,
+    prompt: list[int],
+    sys_len: int,
+    chunk_lens: list[int],
+    layout: str,
+    compute: set[int],
+    kv: ChunkKV,
+    max_tokens: int = 16,
+    eos: int | None = None,
+    defer: bool = False,
+    one_pass: bool = False,
+    ape: tuple[float, float] | None = None,
+) -> Outcome:
+    """Execute the plan (loaded/computed region tokens, then Q), then decode greedily.
+
+    `defer`: the computed tokens go after every loaded token (a contiguous suffix before Q).
+    `one_pass`: every loaded token first, then the computed ones in one masked forward (same result).
+    `ape` = (T, S): the question's and generated tokens' attention over the region follows APE."""
+    cache = _region_cache(model, prompt, sys_len, chunk_lens, layout, compute, kv, defer, one_pass)
+    _, q_start = layout_starts(sys_len, chunk_lens, layout)
     q_ids = prompt[sys_len + sum(chunk_lens) :]
     positions = torch.arange(q_start, q_start + len(q_ids))[None]
     region = slice(sys_len, sys_len + sum(chunk_lens))

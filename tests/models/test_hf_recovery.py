@@ -175,6 +175,60 @@ def test_qattn_refinements(tiny):
             hr.recompute_set(bad, SYS, LENS, attention=scores)
 
 
+def test_two_stage_selection():
+    """`,two-stage`: `qattn:r/m`'s grid (count 7 in 2 windows of 4 from C_2's first token, offset
+    10), the better half by the first scores, then the rest by the scores over the cache with that
+    half computed, among the windows not chosen yet."""
+    first = torch.zeros(sum(LENS))
+    first[[19, 20, 21]] = torch.tensor([3.0, 5.0, 4.0])
+    second = torch.zeros(sum(LENS))
+    second[18:22] = 9.0  # already chosen: not chosen again
+    second[30:34] = 1.0
+    asked = []
+
+    def rescore(chosen: set[int]) -> torch.Tensor:
+        asked.append(chosen)
+        return second
+
+    got = hr.recompute_set("qattn:0.2/2,two-stage", SYS, LENS, attention=first, rescore=rescore)
+    assert got == {*range(18, 22), *range(30, 34)}
+    assert asked == [set(range(18, 22))]
+    assert len(got) == len(hr.recompute_set("qattn:0.2/2", SYS, LENS, attention=first))
+    asked.clear()  # one window in all: no second stage
+    assert hr.recompute_set("qattn:0.2/1,two-stage", SYS, LENS, attention=first, rescore=rescore) == set(
+        range(17, 24)
+    )
+    assert asked == []
+    for bad, kwargs in (
+        ("qattn:0.2/2,two-stage", {}),
+        ("qattn:0.2/2,two-stage,floor", {"rescore": rescore}),
+    ):
+        with pytest.raises(ValueError):
+            hr.recompute_set(bad, SYS, LENS, attention=first, **kwargs)
+
+
+def test_question_attention_over_a_partly_recomputed_cache(tiny):
+    """With every token after C_1 computed (C_1's cached KV is exact), the question's attention over
+    the plan's cache is its attention in one causal forward of the whole prompt (sequential
+    positions are the prompt's); with part of them computed it is neither that nor plain's."""
+    kv = hr.chunk_kv(tiny, PROMPT, SYS, LENS)
+    region, layer = sum(LENS), 1
+    weights = []
+    with torch.no_grad(), hr._attention(tiny, record=((layer,), weights)):
+        tiny(input_ids=torch.tensor([PROMPT]))
+    q_rows = slice(SYS + region, len(PROMPT) - 1)
+    full = weights[0][0, :, q_rows, SYS : SYS + region].sum(dim=(0, 1))
+    rest = set(range(LENS[0], region))
+    got = hr.question_attention(tiny, PROMPT, SYS, LENS, "sequential", kv, layer, True, compute=rest)
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-4)
+    plain = hr.question_attention(tiny, PROMPT, SYS, LENS, "sequential", kv, layer, True)
+    assert not torch.allclose(plain, full, atol=1e-3)
+    half = hr.question_attention(
+        tiny, PROMPT, SYS, LENS, "sequential", kv, layer, True, compute=set(range(LENS[0], 20))
+    )
+    assert not torch.allclose(half, plain, atol=1e-3) and not torch.allclose(half, full, atol=1e-3)
+
+
 def test_budgeted_sets():
     region = sum(LENS)
     assert hr.recompute_set("epicr:0.2", SYS, LENS) == {10, 11, 12, 13, 27, 28, 29, 30}  # k = round(7/2)
