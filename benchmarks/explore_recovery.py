@@ -34,6 +34,9 @@ fp32 plans, eager attention, TF32 off), merged into one JSON with its summary re
         --configs selection --device cuda --shard 0/4 --out s10_0.json     # ... 1/4, 2/4, 3/4
     .venv/bin/python -m benchmarks.explore_recovery --merge s10_*.json --out merged.json
 
+`--skip-done FILE...` leaves out the questions that earlier results of the same configurations
+hold (a later loan goes on where an earlier one stopped; merge both).
+
 Prompts, question sets and scores: `benchmarks/quality_data.py`.
 """
 
@@ -224,6 +227,17 @@ def shard_of(items: list, shard: str | None) -> list:
     return items[k::n]
 
 
+def questions_done(paths: list[Path], configs: list[str]) -> set[int]:
+    """The question indices that these results (of the same configurations) hold."""
+    done: set[int] = set()
+    for path in paths:
+        run = json.loads(path.read_text())
+        if run["settings"]["configs"] != configs:
+            raise SystemExit(f"--skip-done {path}: other configurations than this run's")
+        done.update(sample["index"] for sample in run["samples"])
+    return done
+
+
 def merge(paths: list[Path], out: Path) -> dict:
     """One result from runs over disjoint questions (shards, or `--start` ranges) of one set, with
     the same configurations: samples in question order, the summary recomputed."""
@@ -267,6 +281,13 @@ def main() -> None:
     )
     ap.add_argument("--shard", help="K/N: every N-th question from the K-th (a run split over processes)")
     ap.add_argument("--resume", action="store_true", help="keep the questions --out has, run the rest")
+    ap.add_argument(
+        "--skip-done",
+        nargs="+",
+        type=Path,
+        default=[],
+        help="results of the same configurations (an earlier loan's, merged): skip their questions",
+    )
     ap.add_argument("--docs", type=int, default=5)
     ap.add_argument("--doc-tokens", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -316,7 +337,9 @@ def main() -> None:
         items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
         items = items[: args.limit] if args.limit else items
         cut = None
-    indexed = shard_of(list(enumerate(items))[args.start :], args.shard)
+    done_before = questions_done(args.skip_done, args.configs)
+    todo = [(i, item) for i, item in list(enumerate(items))[args.start :] if i not in done_before]
+    indexed = shard_of(todo, args.shard)
     eos = tok.eos_token_id
     samples, seconds = [], 0.0
     if args.resume and args.out.is_file():

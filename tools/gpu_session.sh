@@ -206,7 +206,9 @@ explore() {
   # each split over processes (--shard) that run at once; then, if 90 s are left, MuSiQue at
   # 10 x 256 (20 questions, the baseline rules: EXPLORE_MORE_CONFIGS). Every process stops in time
   # for the merge: explore_<set>_<gpu>.json in $OUT. EXPLORE_RESUME=1 keeps what an earlier call
-  # wrote (the machine keeps its files ~30 s) and runs the rest.
+  # wrote (the machine keeps its files ~30 s) and runs the rest. The questions that an earlier
+  # loan's committed results of the preset hold (benchmarks/<preset>_<gpu>_<set>.json) are skipped
+  # and those results merged in, so a new loan goes on where the last one stopped.
   local site=$work/site device=cuda dir=$work/logs/explore
   [ -z "$dry" ] || device=cpu
   mkdir -p "$site" "$dir"
@@ -237,12 +239,18 @@ explore_sets() {
   # The sets named after the configurations $1, their shards at once, stopped 40 s before the
   # budget; each set merged into $OUT.
   local configs=$1 stop=$(($(remaining) - 40)) dir=$work/logs/explore name shards k args pids=() failed=0
+  local -A earlier=()
   shift
   for name in "$@"; do
     shards=${set_shards[$name]}
     [ -z "$dry" ] || shards=1
+    # An earlier loan's merged results of this preset (benchmarks/<preset>_<gpu>_<set>.json):
+    # their questions are skipped here and merged back below.
+    earlier[$name]=$(ls "$repo/benchmarks/${configs//-/_}"_*_"$name".json 2>/dev/null | tr '\n' ' ')
     for ((k = 0; k < shards; k++)); do
       read -ra args <<<"${set_args[$name]}"
+      # shellcheck disable=SC2206  # one word per file
+      [ -z "${earlier[$name]}" ] || args+=(--skip-done ${earlier[$name]})
       # shellcheck disable=SC2086  # $configs: one word per configuration
       timeout -s INT --kill-after=10 "$stop" "$base_python" -m benchmarks.explore_recovery --model "$smol" \
         "${args[@]}" --max-tokens 20 --threads 1 --device "$device" --configs $configs \
@@ -257,7 +265,8 @@ explore_sets() {
   done
   for name in "$@"; do
     ls "$dir/${name}"_*.json >/dev/null 2>&1 || continue
-    "$base_python" -m benchmarks.explore_recovery --merge "$dir/${name}"_*.json \
+    # shellcheck disable=SC2086  # one word per file
+    "$base_python" -m benchmarks.explore_recovery --merge "$dir/${name}"_*.json ${earlier[$name]} \
       --out "$out/explore_${name}_$tag.json" 2>&1 | tee -a "$work/logs/explore.log"
   done
   return "$failed"

@@ -67,3 +67,13 @@ def test_merge_refuses_runs_of_other_configurations(tmp_path):
     b = _run(tmp_path / "b.json", [1], configs=("sequential/qattn:0.1/16",))
     with pytest.raises(SystemExit, match="other configurations"):
         er.merge([a, b], tmp_path / "m.json")
+
+
+def test_questions_done_by_an_earlier_run(tmp_path):
+    """`--skip-done`: a later loan leaves out the questions an earlier one's results hold."""
+    a = _run(tmp_path / "a.json", [0, 2])
+    b = _run(tmp_path / "b.json", [3])
+    assert er.questions_done([a, b], ["sequential/plain"]) == {0, 2, 3}
+    assert er.questions_done([], ["sequential/plain"]) == set()
+    with pytest.raises(SystemExit, match="other configurations"):
+        er.questions_done([a], ["sequential/qattn:0.1/16"])
