@@ -260,8 +260,7 @@ def _top_windows(
         ]
         best_each = [i for i in each if i is not None]
         order = [*best_each, *(i for i in order if i not in best_each)]
-    best = order[: -(-count // width)]
-    return {t for i in best for t in range(starts[i], min(starts[i] + width, len(scores)))}
+    return _window_tokens(starts, order[: -(-count // width)], width, len(scores))
 
 
 def _ranked_windows(scores: torch.Tensor, first: int, width: int) -> tuple[list[int], list[int]]:
@@ -270,6 +269,11 @@ def _ranked_windows(scores: torch.Tensor, first: int, width: int) -> tuple[list[
     starts = list(range(first, len(scores), width))
     sums = [float(scores[s : s + width].sum()) for s in starts]
     return starts, sorted(range(len(starts)), key=lambda i: (-sums[i], i))
+
+
+def _window_tokens(starts: list[int], windows: list[int], width: int, end: int) -> set[int]:
+    """The region offsets of those windows (the last one may stop at `end`)."""
+    return {t for i in windows for t in range(starts[i], min(starts[i] + width, end))}
 
 
 def _two_stage(
@@ -284,17 +288,13 @@ def _two_stage(
     width = -(-count // runs)
     wanted = -(-count // width)
     starts, order = _ranked_windows(scores, first, width)
-
-    def tokens(windows: list[int]) -> set[int]:
-        return {t for i in windows for t in range(starts[i], min(starts[i] + width, len(scores)))}
-
     early = order[: -(-wanted // 2)]
-    chosen = tokens(early)
+    chosen = _window_tokens(starts, early, width, len(scores))
     if len(early) == wanted:
         return chosen
     _, again = _ranked_windows(rescore(chosen).float(), first, width)
     late = [i for i in again if i not in early][: wanted - len(early)]
-    return chosen | tokens(late)
+    return chosen | _window_tokens(starts, late, width, len(scores))
 
 
 def cover_choice(attention: torch.Tensor, chunk_lens: list[int], arg: str) -> tuple[set[int], float, bool]:
