@@ -14,13 +14,24 @@ from benchmarks.serve_util import requests_in_flight as requests_in_flight  # (r
 TIMEOUT = 60
 """Seconds any single client call may take: a hang fails the test instead of stalling CI."""
 
+WORKER_IN_ENGINE_CORE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""A test server's model worker runs in its engine-core process, as vLLM runs one GPU or NPU.
+vLLM's CPU platform otherwise starts it in a third process (`mp` executor): one more vLLM import,
+~13 s of CPU per server start on 2 cores. The worker in a process of its own (the scheduler's
+metadata and the worker's stats crossing processes) is what the quick start, the demo, the P/D
+pair, the GPU plan's benchmark, data parallelism and the TP/PP engines run; a test asks for it
+with `env=OWN_PROCESS`."""
+OWN_PROCESS: dict[str, str | None] = {"VLLM_ENABLE_V1_MULTIPROCESSING": None}
+"""The CPU platform's default: the worker in a process of its own (each data-parallel rank's too)."""
+
 
 @contextlib.contextmanager
 def vllm_server(
     model_dir: Path, log: Path, env: dict[str, str | None] | None = None, extra_args: Sequence[str] = ()
 ) -> Iterator[str]:
     """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0, then
-    `extra_args`); yields its URL."""
+    `extra_args`; its worker in the engine-core process unless `env` says otherwise:
+    `WORKER_IN_ENGINE_CORE`); yields its URL."""
     args = [
         "--served-model-name",
         "tiny-llama",
@@ -32,7 +43,7 @@ def vllm_server(
         "0",
         *extra_args,
     ]
-    with VllmServer(model_dir, args, env=env, log_path=log) as server:
+    with VllmServer(model_dir, args, env=WORKER_IN_ENGINE_CORE | (env or {}), log_path=log) as server:
         yield server.url
 
 

@@ -27,7 +27,7 @@ MAX_TOKENS = 6
 def test_dp2_answers_and_counters_once_per_occurrence(models_dir: Path, tmp_path: Path):
     docs = [cc.document(950 + i, 50) for i in range(4)]
     prompts = [cc.chunked(cc.SYS, [docs[i % 4], docs[(i + 1) % 4]], f"Question {i}?") for i in range(8)]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1", **server_utils.OWN_PROCESS}
     args = ["--data-parallel-size", "2"]
     with server_utils.vllm_server(models_dir / "tiny-llama", tmp_path / "serve.log", env, args) as url:
         client = server_utils.client(url)

@@ -42,7 +42,7 @@ def test_dp2_engines_share_documents_through_the_store(
     docs = [cc.document(960 + i, 50) for i in range(6)]
     warm = [cc.chunked(cc.SYS, [doc], f"Warm {i}?") for i, doc in enumerate(docs)]
     stream = zipf_stream(docs, 24)
-    env = {**BIND, "VLLM_CPU_KVCACHE_SPACE": "1", **remote_env(mooncake)}
+    env = {**BIND, "VLLM_CPU_KVCACHE_SPACE": "1", **remote_env(mooncake), **server_utils.OWN_PROCESS}
     args = ["--data-parallel-size", "2"]
     with server_utils.vllm_server(models_dir / "tiny-llama", tmp_path / "serve.log", env, args) as url:
         client = server_utils.client(url)
