@@ -214,6 +214,14 @@ def _add_server_options(ap: argparse.ArgumentParser) -> None:
         help="one more argument for every `vllm serve` (repeat; e.g. "
         "--server-arg=--gpu-memory-utilization=0.8)",
     )
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="one more environment variable for every `vllm serve` (repeat; e.g. "
+        "--server-env=VLLM_ENABLE_V1_MULTIPROCESSING=0: on a CPU, the model worker in the "
+        "engine-core process, as on one GPU)",
+    )
 
 
 def _add_output_options(ap: argparse.ArgumentParser) -> None:

@@ -46,13 +46,14 @@ def server_env(
         recovery = args.qattn
     elif CONFIGS[config]["chunk_cache"]:
         recovery = getattr(args, "recovery", "none")
+    extra = dict(item.split("=", 1) for item in getattr(args, "server_env", None) or [])  # --server-env
     return {
         "VLLM_ENABLE_CHUNK_CACHE": "true" if CONFIGS[config]["chunk_cache"] else "false",
         "VLLM_CHUNK_CACHE_RECOVERY": recovery,
         "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gb if kv_space_gb is not None else args.kv_space_gb),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.cpu_reserved_cores),
         "VLLM_CHUNK_CACHE_SIZE_GB": str(pool_gb if pool_gb is not None else args.pool_gb),
-    }
+    } | extra
 
 
 def model_max_positions(model: Path) -> int | None:

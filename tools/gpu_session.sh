@@ -165,7 +165,10 @@ bench() {
     --server-arg=--gpu-memory-utilization=0.2 --server-arg=--kv-cache-memory-bytes=8G)
   if [ -n "$dry" ]; then
     model=$models/tiny-llama
-    args=(--doc-tokens 128 --sweep-sizes 1,8 --stream-requests 2 --kv-space-gb 1 --pool-gb 0.25)
+    # The model worker in each engine-core process, as on one GPU (vLLM's CPU platform otherwise
+    # starts a third process per server: four more vLLM imports on 2 cores).
+    args=(--doc-tokens 128 --sweep-sizes 1,8 --stream-requests 2 --kv-space-gb 1 --pool-gb 0.25
+      --server-env=VLLM_ENABLE_V1_MULTIPROCESSING=0)
   fi
   "$python" -m benchmarks.bench_rag --model "$model" --quick --floor --parallel-start \
     --configs no_cache,prefix,chunk,qattn "${args[@]}" --note "$tag, gpu_session.sh bench" \

@@ -62,6 +62,8 @@ def test_every_configuration_gets_the_same_cpu_reservation(tmp_path: Path):
     assert {e["VLLM_CPU_NUM_OF_RESERVED_CPU"] for e in envs} == {"1"}
     assert [e["VLLM_ENABLE_CHUNK_CACHE"] for e in envs] == ["false", "false", "true", "true"]
     assert [e["VLLM_CHUNK_CACHE_RECOVERY"] for e in envs] == ["none", "none", "none", "qattn:0.2"]
+    extra = args_for("--model", str(tmp_path), "--server-env=A=1", "--server-env", "B=x=y")
+    assert {k: rag_servers.server_env("chunk", extra)[k] for k in "AB"} == {"A": "1", "B": "x=y"}
 
 
 def test_a_longer_context_than_the_model_knows_overrides_its_positions(tmp_path: Path):
