@@ -31,7 +31,7 @@ def kv_for(h: KVHeader, seed: int = 0) -> torch.Tensor:
 
 
 def connected(procs: MooncakeProcs, make: MakeStore, **overrides) -> RemoteStore:
-    store = make(procs.config(timeout_s=TIMEOUT_S, retry_s=RETRY_S, **overrides))
+    store = make(procs.config(**{"timeout_s": TIMEOUT_S, "retry_s": RETRY_S, **overrides}))
     wait_for(lambda: store.up, 10, "client connected")
     return store
 

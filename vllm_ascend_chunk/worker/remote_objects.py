@@ -134,8 +134,11 @@ def probe(client: Any, master: str, connect_s: float, timeout_s: float) -> str |
 
 
 def bound_mooncake_transfers(timeout_s: float) -> None:
-    """Mooncake's TCP transfers bounded by `timeout_s` (process-wide, unless already set)."""
-    seconds = str(max(1, math.ceil(timeout_s)))
+    """Mooncake's TCP transfers bounded by a second more than `timeout_s` (process-wide, unless
+    already set). The margin lets a read's own deadline settle a stalled get first,
+    as a timeout: at the same bound, a busy machine could let the transfer fail first, as an
+    error. The bound frees the reader thread."""
+    seconds = str(math.ceil(timeout_s) + 1)
     os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", seconds)
     os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", seconds)
     # One attempt per `setup`; the connector thread does the retrying.

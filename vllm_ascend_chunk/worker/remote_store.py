@@ -27,9 +27,10 @@ Faults:
 - A slow or stuck store: a get's future resolves to `None` at `timeout_s` after its read started
   (a miss, counted in `timeouts`, not an outage by itself: a stuck store fails the probe). The
   Mooncake TCP transfer itself is bounded by `MC_TCP_PROGRESS_TIMEOUT_SEC` /
-  `MC_TCP_STATUS_TIMEOUT_SEC`, which are set (process-wide, unless already set) to `timeout_s`
-  before the first client starts, so reader threads are freed too. A call to a dead master returns
-  after ~4 s whatever the settings.
+  `MC_TCP_STATUS_TIMEOUT_SEC`, which are set (process-wide, unless already set) to a second more
+  than `timeout_s` before the first client starts, so reader threads are freed too (the margin
+  lets the read's deadline settle it first, as a timeout). A call to a dead master returns after
+  ~4 s whatever the settings.
 - Garbage, truncated or foreign objects: `None`, counted as `corrupt`, a rate-limited warning; the
   object is removed unless it is foreign (another model's or format's under this name).
 - With a secret (`RemoteConfig.secret`) every object is signed, and one this client cannot verify
