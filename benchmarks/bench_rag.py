@@ -61,7 +61,7 @@ from benchmarks.rag_plot import plot
 from benchmarks.rag_servers import CONFIGS, make_server
 from benchmarks.rag_summary import targets
 from benchmarks.rag_tables import print_summary
-from benchmarks.serve_util import MODELS, REPO, VllmServer, portable, start_all
+from benchmarks.serve_util import MODELS, REPO, VllmServer, env_assignment, portable, start_all
 
 
 # -- options ----------------------------------------------------------------------------------------------
@@ -217,6 +217,7 @@ def _add_server_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--server-env",
         action="append",
+        type=env_assignment,
         metavar="NAME=VALUE",
         help="one more environment variable for every `vllm serve` (repeat; e.g. "
         "--server-env=VLLM_ENABLE_V1_MULTIPROCESSING=0: on a CPU, the model worker in the "

@@ -46,7 +46,7 @@ def server_env(
         recovery = args.qattn
     elif CONFIGS[config]["chunk_cache"]:
         recovery = getattr(args, "recovery", "none")
-    extra = dict(item.split("=", 1) for item in getattr(args, "server_env", None) or [])  # --server-env
+    extra = dict(getattr(args, "server_env", None) or [])  # --server-env
     return {
         "VLLM_ENABLE_CHUNK_CACHE": "true" if CONFIGS[config]["chunk_cache"] else "false",
         "VLLM_CHUNK_CACHE_RECOVERY": recovery,

@@ -11,6 +11,7 @@ still running at interpreter exit, or when this process gets SIGTERM/SIGHUP, are
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import logging
@@ -50,6 +51,14 @@ def portable(text: str | Path) -> str:
             word = path.name
         words.append(word)
     return " ".join(words)
+
+
+def env_assignment(text: str) -> tuple[str, str]:
+    """`NAME=VALUE` (a `--server-env` argument) as (NAME, VALUE)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
 
 
 def free_ports(count: int) -> list[int]:

@@ -1,6 +1,7 @@
 """A prefill/decode pair on one machine: two `vllm serve` instances and a proxy in front of them.
 
-    python -m tools.pd_pair MODEL [--port 8000] [--storage DIR] [-- VLLM_SERVE_ARGS...]
+    python -m tools.pd_pair MODEL [--port 8000] [--storage DIR] [--server-env NAME=VALUE]
+        [-- VLLM_SERVE_ARGS...]
 
 The prefill instance runs vLLM's `ExampleConnector` as `kv_producer`, the decode instance as
 `kv_consumer`, both on one storage folder (the connector writes each prompt's KV there, one file
@@ -23,10 +24,10 @@ import contextlib
 import json
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.serve_util import VllmServer
+from benchmarks.serve_util import VllmServer, env_assignment
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 PREFILL_ONLY = {"max_tokens": 1, "stream": False, "n": 1}
@@ -51,15 +52,20 @@ def connector_config(role: str, storage: Path) -> str:
 
 @contextlib.contextmanager
 def pd_servers(
-    model: str | Path, storage: Path, serve_args: Sequence[str] = (), log_dir: Path | None = None
+    model: str | Path,
+    storage: Path,
+    serve_args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[VllmServer, VllmServer]]:
-    """The prefill and the decode instance, started one after the other, stopped on exit."""
+    """The prefill and the decode instance (`env`: more environment for both), started one after
+    the other, stopped on exit."""
     servers = []
     try:
         for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
             log = log_dir / f"{name}.log" if log_dir else None
             args = [*serve_args, "--kv-transfer-config", connector_config(role, storage)]
-            servers.append(VllmServer(model, args, log_path=log).start())
+            servers.append(VllmServer(model, args, env=env, log_path=log).start())
             print(f"{name} instance ({role}): {servers[-1].url} (log {servers[-1].log_path})", flush=True)
         yield servers[0], servers[1]
     finally:
@@ -120,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the proxy's port (default 8000)")
     parser.add_argument("--storage", type=Path, help="the KV folder (default: a new temporary one)")
     parser.add_argument("--log-dir", type=Path, help="the instances' logs (default: temporary files)")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        type=env_assignment,
+        metavar="NAME=VALUE",
+        help="one more environment variable for both instances (repeat)",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, serve_args = parser.parse_args(argv[:split]), argv[split + 1 :]
@@ -127,7 +140,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     with contextlib.ExitStack() as stack:
         storage = args.storage or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pd-kv-")))
-        prefill, decode = stack.enter_context(pd_servers(args.model, storage, serve_args, args.log_dir))
+        prefill, decode = stack.enter_context(
+            pd_servers(args.model, storage, serve_args, args.log_dir, dict(args.server_env or []))
+        )
         print(f"P/D pair ready: proxy on http://127.0.0.1:{args.port}, KV in {storage}", flush=True)
         web.run_app(make_proxy(prefill.url, decode.url), host="127.0.0.1", port=args.port, print=None)
 

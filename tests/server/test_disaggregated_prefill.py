@@ -34,12 +34,15 @@ def pair(request, models_dir: Path, tmp_path_factory):
     port = free_port()
     command = [
         sys.executable, "-m", "tools.pd_pair", str(models_dir / "tiny-llama"), "--port", str(port),
-        "--storage", str(tmp / "kv"), "--log-dir", str(tmp), "--",
+        "--storage", str(tmp / "kv"), "--log-dir", str(tmp),
+        # Each instance's model worker in its engine-core process, as on one GPU or NPU (on a CPU,
+        # vLLM would start a third process per instance).
+        *(f"--server-env={name}={value}" for name, value in server_utils.WORKER_IN_ENGINE_CORE.items()),
+        "--",
         "--served-model-name", "tiny-llama", "--dtype", "float32", "--max-model-len", "4096",
         "--seed", "0", "--block-size", str(BLOCK),
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["VLLM_CHUNK_CACHE_LAYOUT"] = request.param
+    env = os.environ | {"VLLM_CHUNK_CACHE_LAYOUT": request.param}
     with (tmp / "pd_pair.out").open("w+") as out:
         proc = subprocess.Popen(
             command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

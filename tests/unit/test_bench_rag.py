@@ -64,6 +64,9 @@ def test_every_configuration_gets_the_same_cpu_reservation(tmp_path: Path):
     assert [e["VLLM_CHUNK_CACHE_RECOVERY"] for e in envs] == ["none", "none", "none", "qattn:0.2"]
     extra = args_for("--model", str(tmp_path), "--server-env=A=1", "--server-env", "B=x=y")
     assert {k: rag_servers.server_env("chunk", extra)[k] for k in "AB"} == {"A": "1", "B": "x=y"}
+    for bad in ("A", "=1"):
+        with pytest.raises(SystemExit):  # argparse's usage error, naming the argument
+            args_for("--model", str(tmp_path), f"--server-env={bad}")
 
 
 def test_a_longer_context_than_the_model_knows_overrides_its_positions(tmp_path: Path):
