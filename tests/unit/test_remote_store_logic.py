@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import socketserver
 import sys
 import threading
@@ -127,13 +128,16 @@ class Messages(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+TCP_BOUNDS = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
+
+
 @pytest.fixture
 def mooncake(monkeypatch: pytest.MonkeyPatch) -> FakeMooncake:
     fake = FakeMooncake()
     module = types.ModuleType("mooncake.store")
     module.MooncakeDistributedStore = fake.client_class()
     monkeypatch.setitem(sys.modules, "mooncake.store", module)
-    for name in ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC", "MC_STORE_CLIENT_SETUP_RETRIES"):
+    for name in (*TCP_BOUNDS, "MC_STORE_CLIENT_SETUP_RETRIES"):
         monkeypatch.delenv(name, raising=False)  # set process-wide by a store: restored after the test
     return fake
 
@@ -378,6 +382,18 @@ def test_an_outage_drains_the_reads_drops_the_writes_and_heals(
     assert torch.equal(read(store, "doc", h), kv)
     written(store, "new", h, kv)
     assert "new" in mooncake.objects
+
+
+def test_mooncake_transfers_are_bounded_a_second_past_the_read_timeout(
+    mooncake: FakeMooncake, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled transfer outlives the read's deadline, which settles the get as a timeout first;
+    a bound the user set is kept."""
+    make_store(timeout_s=1.5)
+    assert [os.environ[name] for name in TCP_BOUNDS] == ["3", "3"]
+    monkeypatch.setenv(TCP_BOUNDS[0], "7")
+    make_store(timeout_s=1.0)
+    assert [os.environ[name] for name in TCP_BOUNDS] == ["7", "3"]
 
 
 def test_puts_over_the_queued_bytes_bound_are_dropped(mooncake: FakeMooncake, make_store: MakeStore) -> None:
