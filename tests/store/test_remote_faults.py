@@ -14,6 +14,7 @@ import torch
 
 from benchmarks.mooncake_store import MooncakeProcs
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, raw_client, written
+from vllm_ascend_chunk.worker.remote_objects import MOONCAKE_TCP_BOUNDS
 
 MIB = 1 << 20
 
@@ -32,7 +33,6 @@ BURST_READS, BURST_TIMEOUT_S = 400, 3.0
 """A burst that outlasts the read timeout (400 gets of ~25-75 ms each), and a timeout that one
 read on a busy 2-core machine stays well inside (at 1 s, 3 of 200 reads of a CI run passed it
 while the other test worker compiled an engine)."""
-MOONCAKE_TCP_BOUNDS = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
 
 
 def test_a_burst_of_reads_is_queued_not_timed_out(

@@ -25,6 +25,7 @@ from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_
 from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.worker.kv_object import KVHeader, encode, object_size
+from vllm_ascend_chunk.worker.remote_objects import MOONCAKE_TCP_BOUNDS
 from vllm_ascend_chunk.worker.remote_store import RemoteStore
 from vllm_ascend_chunk.worker.remote_tier import RemoteTier
 
@@ -128,16 +129,13 @@ class Messages(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-TCP_BOUNDS = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
-
-
 @pytest.fixture
 def mooncake(monkeypatch: pytest.MonkeyPatch) -> FakeMooncake:
     fake = FakeMooncake()
     module = types.ModuleType("mooncake.store")
     module.MooncakeDistributedStore = fake.client_class()
     monkeypatch.setitem(sys.modules, "mooncake.store", module)
-    for name in (*TCP_BOUNDS, "MC_STORE_CLIENT_SETUP_RETRIES"):
+    for name in (*MOONCAKE_TCP_BOUNDS, "MC_STORE_CLIENT_SETUP_RETRIES"):
         monkeypatch.delenv(name, raising=False)  # set process-wide by a store: restored after the test
     return fake
 
@@ -390,10 +388,10 @@ def test_mooncake_transfers_are_bounded_a_second_past_the_read_timeout(
     """A stalled transfer outlives the read's deadline, which settles the get as a timeout first;
     a bound the user set is kept."""
     make_store(timeout_s=1.5)
-    assert [os.environ[name] for name in TCP_BOUNDS] == ["3", "3"]
-    monkeypatch.setenv(TCP_BOUNDS[0], "7")
+    assert [os.environ[name] for name in MOONCAKE_TCP_BOUNDS] == ["3", "3"]
+    monkeypatch.setenv(MOONCAKE_TCP_BOUNDS[0], "7")
     make_store(timeout_s=1.0)
-    assert [os.environ[name] for name in TCP_BOUNDS] == ["7", "3"]
+    assert [os.environ[name] for name in MOONCAKE_TCP_BOUNDS] == ["7", "3"]
 
 
 def test_puts_over_the_queued_bytes_bound_are_dropped(mooncake: FakeMooncake, make_store: MakeStore) -> None:

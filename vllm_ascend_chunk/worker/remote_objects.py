@@ -133,14 +133,18 @@ def probe(client: Any, master: str, connect_s: float, timeout_s: float) -> str |
     return None
 
 
+MOONCAKE_TCP_BOUNDS = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
+"""The environment variables that bound a Mooncake TCP transfer, in seconds."""
+
+
 def bound_mooncake_transfers(timeout_s: float) -> None:
     """Mooncake's TCP transfers bounded by a second more than `timeout_s` (process-wide, unless
     already set). The margin lets a read's own deadline settle a stalled get first,
     as a timeout: at the same bound, a busy machine could let the transfer fail first, as an
     error. The bound frees the reader thread."""
     seconds = str(math.ceil(timeout_s) + 1)
-    os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", seconds)
-    os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", seconds)
+    for name in MOONCAKE_TCP_BOUNDS:
+        os.environ.setdefault(name, seconds)
     # One attempt per `setup`; the connector thread does the retrying.
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
