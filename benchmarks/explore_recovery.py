@@ -191,6 +191,17 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def settings_of(args) -> dict:
+    """The run's arguments as JSON values, paths (alone or in lists, as `--skip-done`'s) portable."""
+
+    def value(v):
+        if isinstance(v, list):
+            return [value(x) for x in v]
+        return portable(v) if isinstance(v, (str, Path)) else v
+
+    return {k: value(v) for k, v in vars(args).items() if k not in ("device_name", "merge")}
+
+
 def write(args, samples: list[dict], start: float, torch_version: str, seconds: float = 0.0) -> dict:
     """Write the JSON (after every sample, so a long run can be read while it goes on).
 
@@ -204,11 +215,7 @@ def write(args, samples: list[dict], start: float, torch_version: str, seconds: 
         "device": args.device_name,
         "torch": torch_version,
         "seconds": round(seconds + time.time() - start, 1),
-        "settings": {
-            k: portable(v) if isinstance(v, (str, Path)) else v
-            for k, v in vars(args).items()
-            if k not in ("device_name", "merge")
-        },
+        "settings": settings_of(args),
         "summary": summary,
         "samples": samples,
     }

@@ -1,6 +1,8 @@
 """`benchmarks/explore_recovery.py`: a run split over processes (`--shard`) and merged again."""
 
+import argparse
 import json
+import time
 
 import pytest
 
@@ -77,3 +79,16 @@ def test_questions_done_by_an_earlier_run(tmp_path):
     assert er.questions_done([], ["sequential/plain"]) == set()
     with pytest.raises(SystemExit, match="other configurations"):
         er.questions_done([a], ["sequential/qattn:0.1/16"])
+
+
+def test_a_run_that_skips_earlier_questions_writes_its_results(tmp_path):
+    """`--skip-done` paths are written with the run's settings (a list of paths once stopped every
+    shard of a loan at its first question)."""
+    earlier = _run(tmp_path / "earlier.json", [0])
+    args = argparse.Namespace(
+        out=tmp_path / "out.json", model="m", configs=["sequential/plain"], skip_done=[earlier]
+    )
+    args.device_name = "cpu"
+    er.write(args, [], time.time(), "t")
+    written = json.loads(args.out.read_text())["settings"]
+    assert written["skip_done"] == ["earlier.json"] and written["configs"] == ["sequential/plain"]
