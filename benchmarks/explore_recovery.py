@@ -324,6 +324,29 @@ def main() -> None:
     }
     args.configs = [c for config in args.configs for c in presets.get(config, [config])]
 
+    if args.data:
+        items = qd.musique_set(args.data, limit=args.limit, docs=args.docs)
+        cut = args.doc_tokens
+    else:
+        items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
+        items = items[: args.limit] if args.limit else items
+        cut = None
+    done_before = questions_done(args.skip_done, args.configs)
+    todo = [(i, item) for i, item in list(enumerate(items))[args.start :] if i not in done_before]
+    indexed = shard_of(todo, args.shard)
+    samples, seconds = [], 0.0
+    if args.resume and args.out.is_file():
+        earlier = json.loads(args.out.read_text())
+        if earlier["settings"]["configs"] != args.configs:
+            raise SystemExit(f"--resume: {args.out} has other configurations")
+        samples, seconds = earlier["samples"], earlier["seconds"]
+        done = {s["index"] for s in samples}
+        indexed = [(i, item) for i, item in indexed if i not in done]
+        print(f"resume: {len(done)} questions in {args.out}, {len(indexed)} to run", flush=True)
+    if not indexed:  # e.g. a shard of a set that earlier loans finished: no model, no file
+        print(f"no question left to run for {args.out}", flush=True)
+        return
+
     import torch
     from transformers import AutoTokenizer
 
@@ -337,26 +360,7 @@ def main() -> None:
     torch.set_float32_matmul_precision("highest")
     torch.set_default_device(args.device)
     args.device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
-    if args.data:
-        items = qd.musique_set(args.data, limit=args.limit, docs=args.docs)
-        cut = args.doc_tokens
-    else:
-        items = qd.synthetic_set(args.synthetic, docs=args.docs, doc_tokens=args.doc_tokens, seed=args.seed)
-        items = items[: args.limit] if args.limit else items
-        cut = None
-    done_before = questions_done(args.skip_done, args.configs)
-    todo = [(i, item) for i, item in list(enumerate(items))[args.start :] if i not in done_before]
-    indexed = shard_of(todo, args.shard)
     eos = tok.eos_token_id
-    samples, seconds = [], 0.0
-    if args.resume and args.out.is_file():
-        earlier = json.loads(args.out.read_text())
-        if earlier["settings"]["configs"] != args.configs:
-            raise SystemExit(f"--resume: {args.out} has other configurations")
-        samples, seconds = earlier["samples"], earlier["seconds"]
-        done = {s["index"] for s in samples}
-        indexed = [(i, item) for i, item in indexed if i not in done]
-        print(f"resume: {len(done)} questions in {args.out}, {len(indexed)} to run", flush=True)
     start = time.time()
     for n, (index, item) in enumerate(indexed):
         p = qd.build_prompt(tok, item, doc_tokens=cut)

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import sys
 import time
 
 import pytest
@@ -92,3 +93,16 @@ def test_a_run_that_skips_earlier_questions_writes_its_results(tmp_path):
     er.write(args, [], time.time(), "t")
     written = json.loads(args.out.read_text())["settings"]
     assert written["skip_done"] == ["earlier.json"] and written["configs"] == ["sequential/plain"]
+
+
+def test_a_shard_with_no_question_left_ends_without_a_model_or_a_file(tmp_path, monkeypatch, capsys):
+    """A set that earlier loans finished: its shards end at once, cleanly (they used to load the
+    model, then fail printing an empty summary, marking the GPU plan's `explore` step failed)."""
+    earlier = _run(tmp_path / "earlier.json", [0, 1])
+    out = tmp_path / "out.json"
+    argv = ["explore_recovery", "--synthetic", "2", "--configs", "sequential/plain", "--model", "absent"]
+    monkeypatch.setattr(
+        sys, "argv", [*argv, "--skip-done", str(earlier), "--shard", "1/2", "--out", str(out)]
+    )
+    er.main()
+    assert "no question left" in capsys.readouterr().out and not out.exists()
