@@ -262,9 +262,9 @@ def merge(paths: list[Path], out: Path) -> dict:
     result = {
         "command": " ; ".join(run["command"] for run in runs),
         "model": runs[0]["model"],
-        "machine": runs[0]["machine"],
-        "device": runs[0].get("device"),
-        "torch": runs[0]["torch"],
+        "machine": _each(runs, "machine"),
+        "device": _each(runs, "device"),
+        "torch": _each(runs, "torch"),
         "seconds": max(run["seconds"] for run in runs),
         "seconds_all_processes": round(sum(run["seconds"] for run in runs), 1),
         "settings": {**settings, "out": portable(out), "merged": [portable(path) for path in paths]},
@@ -275,6 +275,12 @@ def merge(paths: list[Path], out: Path) -> dict:
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"merged {len(paths)} runs, {len(ordered)} questions: wrote {out}")
     return result
+
+
+def _each(runs: list[dict], key: str) -> str | None:
+    """`key` of the runs, each value once (a set finished on another machine names both)."""
+    values = list(dict.fromkeys(run[key] for run in runs if run.get(key) is not None))
+    return " + ".join(values) if values else None
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ def test_merge_orders_questions_and_recomputes_the_summary(tmp_path):
     assert result["summary"]["sequential/plain"]["n"] == 5
     assert result["summary"]["sequential/plain"]["agreement"] == pytest.approx(2 / 5)
     assert result["seconds"] == 30.0 and result["seconds_all_processes"] == 50.0
-    assert "shard" not in result["settings"]
+    assert "shard" not in result["settings"] and result["device"] == "cpu"
     assert json.loads((tmp_path / "m.json").read_text())["samples"] == result["samples"]
 
 
@@ -106,3 +106,11 @@ def test_a_shard_with_no_question_left_ends_without_a_model_or_a_file(tmp_path, 
     )
     er.main()
     assert "no question left" in capsys.readouterr().out and not out.exists()
+
+
+def test_a_merge_of_runs_on_two_machines_names_both(tmp_path):
+    a = _run(tmp_path / "a.json", [0])
+    b = _run(tmp_path / "b.json", [1])
+    b.write_text(b.read_text().replace('"device": "cpu"', '"device": "NVIDIA H200"'))
+    result = er.merge([b, a], tmp_path / "m.json")
+    assert result["device"] == "NVIDIA H200 + cpu" and result["machine"] == "x"
