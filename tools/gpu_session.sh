@@ -209,9 +209,10 @@ explore() {
   # each split over processes (--shard) that run at once; then, if 90 s are left, MuSiQue at
   # 10 x 256 (20 questions, the baseline rules: EXPLORE_MORE_CONFIGS). Every process stops in time
   # for the merge: explore_<set>_<gpu>.json in $OUT. EXPLORE_RESUME=1 keeps what an earlier call
-  # wrote (the machine keeps its files ~30 s) and runs the rest. The questions that an earlier
-  # loan's committed results of the preset hold (benchmarks/<preset>_<gpu>_<set>.json) are skipped
-  # and those results merged in, so a new loan goes on where the last one stopped.
+  # wrote (the machine keeps its files ~30 s) and runs the rest. The questions that committed
+  # results of the preset hold (benchmarks/<preset>_<machine>_<set>.json: an earlier loan's, the
+  # CPU's, their merge) are skipped and those results merged in, so a new loan goes on where the
+  # last run stopped.
   local site=$work/site device=cuda dir=$work/logs/explore
   [ -z "$dry" ] || device=cpu
   mkdir -p "$site" "$dir"
@@ -247,7 +248,7 @@ explore_sets() {
   for name in "$@"; do
     shards=${set_shards[$name]}
     [ -z "$dry" ] || shards=1
-    # An earlier loan's merged results of this preset (benchmarks/<preset>_<gpu>_<set>.json):
+    # Committed results of this preset (benchmarks/<preset>_<machine>_<set>.json):
     # their questions are skipped here and merged back below.
     earlier[$name]=$(ls "$repo/benchmarks/${configs//-/_}"_*_"$name".json 2>/dev/null | tr '\n' ' ')
     for ((k = 0; k < shards; k++)); do
