@@ -98,9 +98,13 @@ def test_a_run_that_skips_earlier_questions_writes_its_results(tmp_path):
 def test_a_shard_with_no_question_left_ends_without_a_model_or_a_file(tmp_path, monkeypatch, capsys):
     """A set that earlier loans finished: its shards end at once, cleanly (they used to load the
     model, then fail printing an empty summary, marking the GPU plan's `explore` step failed)."""
+    # Two questions in MuSiQue's form: the synthetic set needs its essays (requirements/quality.txt).
+    data = tmp_path / "musique_s.json"
+    row = {"question": "q?", "answers": ["a"], "ctxs": [{"title": "t", "text": "x"}]}
+    data.write_text(json.dumps([row, row]))
     earlier = _run(tmp_path / "earlier.json", [0, 1])
     out = tmp_path / "out.json"
-    argv = ["explore_recovery", "--synthetic", "2", "--configs", "sequential/plain", "--model", "absent"]
+    argv = ["explore_recovery", "--data", str(data), "--configs", "sequential/plain", "--model", "absent"]
     monkeypatch.setattr(
         sys, "argv", [*argv, "--skip-done", str(earlier), "--shard", "1/2", "--out", str(out)]
     )
