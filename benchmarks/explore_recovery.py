@@ -21,7 +21,8 @@ scaling, `last`, `last:2`). Plans run in one masked forward (`run(..., one_pass=
 the run-by-run loop). The JSON is rewritten after every question. Curves of its summary:
 `benchmarks/plot_recompute_curves.py`. `selection` stands for `SELECTION_CONFIGS` (issue 35: the
 engine's `qattn:r/16` against candidate selection rules, at 5-20 %); `selection-wide` adds more
-rules, `two-stage` puts `qattn:r/16,two-stage` beside `qattn:r/16`.
+rules, `two-stage` puts `qattn:r/16,two-stage` beside `qattn:r/16`, `documents` computes whole
+documents (`DOCUMENT_CONFIGS`).
 
     .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \
         --max-tokens 20 --configs curves --out benchmarks/recompute_curves_synthetic.json
@@ -125,6 +126,19 @@ attention at the middle layer), `epicr:r` (EPIC heads sized to the budget), `ape
 `curves-short` (`CURVE_CONFIGS_SHORT`): the budgets 10 and 20 % only, for long prompts."""
 
 
+DOCUMENT_CONFIGS = [
+    "sequential/plain",
+    "sequential/gold",
+    "sequential/gold-rest",
+    "sequential/qdoc:1",
+    "sequential/qdoc:2",
+]
+"""`documents` (issue 35, item 1): whole documents computed, chosen by the question's attention
+(`qdoc:k`); and two oracles: the one that holds the answer (`gold`: does choosing the right
+document win the answer back?), every other one (`gold-rest`: or do the other documents' cached KV
+lose it?)."""
+
+
 TWO_STAGE_CONFIGS = [
     "sequential/plain",
     *[f"sequential/qattn:{r}/16{rule}" for rule in ("", ",two-stage") for r in SELECTION_BUDGETS],
@@ -136,6 +150,18 @@ scored again over the partly recomputed cache), at 5-20 % of the document tokens
 
 COVERAGE_BUCKETS = [0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 """Lower bounds of the coverage buckets of `by_coverage` (the last one holds coverage 1 only)."""
+
+
+def gold_mode(mode: str, item: qd.QAItem) -> str:
+    """Oracles (synthetic set only): `gold`, the chunk that holds the answer computed whole;
+    `gold-rest`, every chunk but that one computed whole."""
+    if mode not in ("gold", "gold-rest"):
+        return mode
+    if "needle_doc" not in item.meta:
+        raise SystemExit(f"{mode} needs a synthetic question (the index of the document with the answer)")
+    needle = item.meta["needle_doc"]
+    chosen = [needle] if mode == "gold" else [i for i in range(len(item.docs)) if i != needle]
+    return "plain" if not chosen else "chunks:" + "+".join(map(str, chosen))
 
 
 def ceiling_coverage(mode: str, attention, chunk_lens: list[int]) -> tuple[float, bool] | None:
@@ -327,6 +353,7 @@ def main() -> None:
         "selection": SELECTION_CONFIGS,
         "selection-wide": SELECTION_WIDE_CONFIGS,
         "two-stage": TWO_STAGE_CONFIGS,
+        "documents": DOCUMENT_CONFIGS,
     }
     args.configs = [c for config in args.configs for c in presets.get(config, [config])]
 
@@ -395,10 +422,13 @@ def main() -> None:
         deviation, attention = {}, {}
         for config in args.configs:
             layout, mode = config.split("/", 1)
+            mode = gold_mode(mode, item)
             if "blend" in mode and layout not in deviation:
                 deviation[layout] = hr.key_deviation(model, kv, full_keys, p.sys_len, p.chunk_lens, layout)
-            layer, drop_last = hr.qattn_layer(model, mode), "/" in mode or mode.startswith("cover")
-            if ("qattn" in mode or "cover" in mode) and (layout, layer, drop_last) not in attention:
+            layer = hr.qattn_layer(model, mode)
+            drop_last = "/" in mode or mode.startswith("cover") or "qdoc" in mode  # as the engine scores
+            scored = any(rule in mode for rule in ("qattn", "cover", "qdoc"))
+            if scored and (layout, layer, drop_last) not in attention:
                 attention[layout, layer, drop_last] = hr.question_attention(
                     model, p.ids, p.sys_len, p.chunk_lens, layout, kv, layer, drop_last
                 )

@@ -3,10 +3,10 @@
 
 One PNG per JSON, three panels (gold in answer, agreement with full attention, first-token KL)
 against the fraction of document tokens recomputed; one line per budgeted rule (`blend:r`,
-`qattn:r`, `epicr:r`, sequential layout; one per variant of a rule, e.g. `qattn:r/16,sink:8`),
-`suffix:last` / `suffix:last:2` and `plain` as points at their own fraction, `ape:T,S` as points
-at 0, full attention as a dashed line (and the 0.95x contains / 0.8 agreement bars of the issue's
-target).
+`qattn:r`, `epicr:r`, `qdoc:k`, sequential layout; one per variant of a rule, e.g.
+`qattn:r/16,sink:8`); `suffix:last` / `suffix:last:2`, `plain` and the oracles `gold` /
+`gold-rest` as points at their own fraction, `ape:T,S` as points at 0; full attention as a dashed
+line (and the 0.95x contains / 0.8 agreement bars of the issue's target).
 
     .venv/bin/python -m benchmarks.plot_recompute_curves benchmarks/recompute_curves_synthetic.json \\
         benchmarks/recompute_curves_synthetic10.json benchmarks/recompute_curves_musique.json
@@ -22,6 +22,7 @@ RULES = {
     "blend": "CacheBlend (oracle layer-1 key deviation)",
     "qattn": "question attention (layer 15)",
     "epicr": "EPIC heads",
+    "qdoc": "whole documents by question attention",
 }
 PANELS = [
     ("contains", "gold in answer"),
@@ -73,6 +74,8 @@ def plot(path: Path, out: Path) -> None:
             ("sequential/suffix:last", "D", "C3", "last"),
             ("sequential/suffix:last:2", "D", "C4", "last:2"),
             ("overlap/qattn:0.2", "v", "C1", "overlap qattn:0.2"),
+            ("sequential/gold", "P", "C8", "oracle: the answer's document"),
+            ("sequential/gold-rest", "X", "C8", "oracle: every other document"),
         ]
         marks += [(c, "*", "C5", c.split("/")[1]) for c in summary if "/ape:" in c]
         for j, (config, marker, colour, name) in enumerate(marks):

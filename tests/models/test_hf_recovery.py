@@ -229,6 +229,20 @@ def test_question_attention_over_a_partly_recomputed_cache(tiny):
     assert not torch.allclose(half, plain, atol=1e-3) and not torch.allclose(half, full, atol=1e-3)
 
 
+def test_whole_document_sets():
+    """`chunks:` names chunks; `qdoc:k` takes the k chunks after C_1 of most question attention."""
+    assert hr.recompute_set("chunks:1", SYS, LENS) == set(range(10, 27))
+    assert hr.recompute_set("chunks:0+2", SYS, LENS) == {*range(10), *range(27, 35)}
+    scores = torch.zeros(sum(LENS))
+    scores[:10] = 5.0  # C_1 is exact already: never chosen
+    scores[30] = 1.0  # C_3 holds more mass than C_2
+    assert hr.recompute_set("qdoc:1", SYS, LENS, attention=scores) == set(range(27, 35))
+    assert hr.recompute_set("qdoc:2", SYS, LENS, attention=scores) == set(range(10, 35))
+    assert hr.recompute_set("qdoc:1", SYS, LENS, attention=torch.zeros(35)) == set(range(10, 27))
+    with pytest.raises(ValueError, match="qdoc needs"):
+        hr.recompute_set("qdoc:1", SYS, LENS)
+
+
 def test_budgeted_sets():
     region = sum(LENS)
     assert hr.recompute_set("epicr:0.2", SYS, LENS) == {10, 11, 12, 13, 27, 28, 29, 30}  # k = round(7/2)

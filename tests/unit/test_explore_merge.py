@@ -1,4 +1,4 @@
-"""`benchmarks/explore_recovery.py`: a run split over processes (`--shard`) and merged again."""
+"""`benchmarks/explore_recovery.py` without a model: shards, merges, skipped questions, the oracles."""
 
 import argparse
 import json
@@ -118,3 +118,16 @@ def test_a_merge_of_runs_on_two_machines_names_both(tmp_path):
     b.write_text(b.read_text().replace('"device": "cpu"', '"device": "NVIDIA H200"'))
     result = er.merge([b, a], tmp_path / "m.json")
     assert result["device"] == "NVIDIA H200 + cpu" and result["machine"] == "x"
+
+
+def test_the_gold_oracles_name_the_document_with_the_answer_or_every_other():
+    from benchmarks.quality_data import QAItem
+
+    item = QAItem("q", "?", ["a"], docs=["d0", "d1", "d2"], meta={"needle_doc": 1})
+    assert er.gold_mode("gold", item) == "chunks:1"
+    assert er.gold_mode("gold-rest", item) == "chunks:0+2"
+    assert er.gold_mode("qdoc:1", item) == "qdoc:1"
+    alone = QAItem("q", "?", ["a"], docs=["d0"], meta={"needle_doc": 0})
+    assert er.gold_mode("gold-rest", alone) == "plain"
+    with pytest.raises(SystemExit, match="needs a synthetic question"):
+        er.gold_mode("gold", QAItem("q", "?", ["a"], docs=["d0"]))
