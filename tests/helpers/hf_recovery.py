@@ -69,9 +69,8 @@ Budgeted forms (issue 25; `r` = the fraction of region tokens computed, `round(r
   tokens of every chunk but the first (capped at the chunk's length; `r >= 1`: every chunk whole).
 - `qdoc:k`: the `k` chunks after C_1 with the largest summed question attention (as `qattn`'s
   scores; ties: the earlier chunk), each computed whole: a budget in whole documents.
-- `chunks:i+j+...`: the chunks named (0 = C_1) computed whole; with the index of the chunk that
-  holds the answer (`explore_recovery`'s `gold`), an oracle: what selecting the right document
-  alone wins back.
+- `chunks:i+j+...`: the chunks named (0 = C_1) computed whole: `explore_recovery`'s oracles
+  `gold` (the chunk that holds the answer) and `gold-rest` (every other chunk).
 - `suffix:last:m`: the whole last `m` chunks (`suffix:last:1` = `suffix:last`).
 - `ape:T,S`: nothing computed (as `plain`); the question's and generated tokens' attention over
   the region follows APE (Yang et al., ICLR 2025): region logits divided by the temperature `T`
@@ -225,15 +224,14 @@ def recompute_set(
             raise ValueError("blend needs the per-token key deviation")
         count = round(float(arg) * region)
         return set(torch.topk(deviation, count).indices.tolist()) if count else set()
+    at = [0, *itertools.accumulate(chunk_lens)]  # chunk i spans at[i]..at[i + 1]
     if name == "chunks":
-        at = [sum(chunk_lens[:i]) for i in range(len(chunk_lens) + 1)]
         return {t for i in map(int, arg.split("+")) for t in range(at[i], at[i + 1])}
     if name == "qdoc":
         if attention is None:
             raise ValueError("qdoc needs the question's attention over the region")
-        at = [sum(chunk_lens[:i]) for i in range(len(chunk_lens) + 1)]
-        mass = [float(attention[at[i] : at[i + 1]].float().sum()) for i in range(1, len(chunk_lens))]
-        best = sorted(range(1, len(chunk_lens)), key=lambda i: (-mass[i - 1], i))[: int(arg)]
+        mass = {i: float(attention[at[i] : at[i + 1]].float().sum()) for i in range(1, len(chunk_lens))}
+        best = sorted(mass, key=lambda i: (-mass[i], i))[: int(arg)]
         return {t for i in best for t in range(at[i], at[i + 1])}
     if name == "cover":
         if attention is None:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from benchmarks import explore_recovery as er
+from benchmarks.quality_data import QAItem
 
 
 def test_shards_cover_every_question_once():
@@ -121,8 +122,6 @@ def test_a_merge_of_runs_on_two_machines_names_both(tmp_path):
 
 
 def test_the_gold_oracles_name_the_document_with_the_answer_or_every_other():
-    from benchmarks.quality_data import QAItem
-
     item = QAItem("q", "?", ["a"], docs=["d0", "d1", "d2"], meta={"needle_doc": 1})
     assert er.gold_mode("gold", item) == "chunks:1"
     assert er.gold_mode("gold-rest", item) == "chunks:0+2"
