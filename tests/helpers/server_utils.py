@@ -48,8 +48,13 @@ def vllm_server(
 
 
 def client(url: str, **kwargs):
-    """An `openai.OpenAI` client that never retries (a dropped connection is an error) or hangs."""
-    return openai_client(url, TIMEOUT, **kwargs)
+    """An `openai.OpenAI` client that never retries (a dropped connection is an error) or hangs.
+
+    Each request on a connection of its own (`Connection: close`): a request sent on an idle
+    keep-alive connection just as the server closes it (uvicorn closes one idle for 5 s) is
+    dropped unanswered, a race of HTTP/1.1 that a client which never retries would take for the
+    server's failure (it failed a data-parallel test once in a full run)."""
+    return openai_client(url, TIMEOUT, default_headers={"Connection": "close"}, **kwargs)
 
 
 def greedy(client, prompt, max_tokens: int, stream: bool = False, **extra_body):
