@@ -40,9 +40,9 @@ that plain reuse of the same ids in the same engine: a ratio that drifting load 
 machine does not skew.
 
     .venv/bin/python -m benchmarks.bench_quality --synthetic 100 --docs 5 --doc-tokens 150 \\
-        --out benchmarks/quality_cpu_synthetic.json
+        --out results/quality/quality_cpu_synthetic.json
     .venv/bin/python -m benchmarks.bench_quality --data musique_s.json --limit 20 \\
-        --docs 4 --doc-tokens 256 --out benchmarks/quality_cpu_musique.json
+        --docs 4 --doc-tokens 256 --out results/quality/quality_cpu_musique.json
 
 Writes the JSON (settings, every sample of every configuration, summaries) and a PNG beside it
 (quality against warm TTFT, one point per configuration). `--model` defaults to SmolLM2-135M

@@ -229,7 +229,7 @@ def _add_output_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--note", default="", help="free text stored in the JSON (e.g. what else ran on the machine)"
     )
-    ap.add_argument("--out", type=Path, help="default benchmarks/rag_cpu.json (--long: rag_cpu_long.json)")
+    ap.add_argument("--out", type=Path, help="default results/rag/rag_cpu.json (--long: rag_cpu_long.json)")
     ap.add_argument("--plot", type=Path, help="PNG path (default: --out with .png)")
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a new temporary directory)")
 
@@ -248,7 +248,7 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     if args.configs is None:
         args.configs = "no_cache,chunk" if long else "no_cache,prefix,chunk"
     if args.out is None:
-        args.out = REPO / "benchmarks" / ("rag_cpu_long.json" if long else "rag_cpu.json")
+        args.out = REPO / "results" / "rag" / ("rag_cpu_long.json" if long else "rag_cpu.json")
     if long or args.concurrency_only:  # the sweep alone (long), or nothing but the warmup
         for name in ("cold_requests", "stream_requests", "shuffled_sets"):
             if getattr(args, name) is None:

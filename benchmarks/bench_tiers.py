@@ -38,7 +38,7 @@ from benchmarks import rag_workload
 from benchmarks.machine import machine_info
 from benchmarks.mooncake_store import MooncakeProcs
 from benchmarks.rag_servers import read_counters, ttft_request
-from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
+from benchmarks.serve_util import MODELS, REPO, VllmServer, openai_client, portable
 
 NAME = "tiny-rag"
 TIER_COUNTERS = {
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", type=int, help="document sets in the two-instance part (default 6, quick 3)")
     ap.add_argument("--zipf", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="tiers_cpu", help="output name under benchmarks/")
+    ap.add_argument("--out", default="tiers_cpu", help="output name under results/tiers/")
     args = ap.parse_args(argv)
     args.corpus = args.corpus or (24 if args.quick else 32)
     args.requests = args.requests or (20 if args.quick else 40)
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
         }
     finally:
         store.stop()
-    out = Path(__file__).parent / args.out
+    out = REPO / "results" / "tiers" / args.out
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     plot(report, out.with_suffix(".png"))
     two = report["two_instances"]

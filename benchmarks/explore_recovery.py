@@ -9,11 +9,11 @@ answer), the exact KL divergence of the first answer token's distribution from f
 recompute fraction (prompt tokens computed / prompt tokens, when every document is cached).
 
     .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \\
-        --max-tokens 20 --out benchmarks/recovery_hf_synthetic.json
+        --max-tokens 20 --out results/quality/recovery_hf_synthetic.json
     .venv/bin/python -m benchmarks.explore_recovery --data musique_s.json --limit 12 \\
         --docs 4 --doc-tokens 256 --max-tokens 20 --configs overlap/plain sequential/plain \\
         sequential/suffix:last sequential/epic:8 sequential/epic:32 sequential/defer-epic:32 \\
-        sequential/defer-blend:0.15 --out benchmarks/recovery_hf_musique.json
+        sequential/defer-blend:0.15 --out results/quality/recovery_hf_musique.json
 
 `--configs` takes `layout/mode` (modes: `tests/helpers/hf_recovery.py`); the word `curves` stands for
 `CURVE_CONFIGS` (issue 25: each budgeted selection rule at 5-30 % of the document tokens, APE-like
@@ -25,7 +25,7 @@ rules, `two-stage` puts `qattn:r/16,two-stage` beside `qattn:r/16`, `documents` 
 documents (`DOCUMENT_CONFIGS`).
 
     .venv/bin/python -m benchmarks.explore_recovery --synthetic 40 --docs 5 --doc-tokens 150 \
-        --max-tokens 20 --configs curves --out benchmarks/recompute_curves_synthetic.json
+        --max-tokens 20 --configs curves --out results/quality/recompute_curves_synthetic.json
 
 A run split over processes (`--shard K/N`: every N-th question from the K-th; `--resume` skips
 the questions an earlier run of the same `--out` finished), on a GPU (`--device cuda`: the same

@@ -8,8 +8,8 @@ against the fraction of document tokens recomputed; one line per budgeted rule (
 `gold-rest` as points at their own fraction, `ape:T,S` as points at 0; full attention as a dashed
 line (and the 0.95x contains / 0.8 agreement bars of the issue's target).
 
-    .venv/bin/python -m benchmarks.plot_recompute_curves benchmarks/recompute_curves_synthetic.json \\
-        benchmarks/recompute_curves_synthetic10.json benchmarks/recompute_curves_musique.json
+    .venv/bin/python -m benchmarks.plot_recompute_curves results/quality/recompute_curves_synthetic.json \\
+        results/quality/recompute_curves_synthetic10.json results/quality/recompute_curves_musique.json
 """
 
 from __future__ import annotations

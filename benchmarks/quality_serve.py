@@ -19,7 +19,7 @@ contains and agreement against warm TTFT p50, one marker per setting, one colour
 count.
 
     .venv/bin/python -m benchmarks.quality_serve --synthetic 40 --docs 5 10 \\
-        --out benchmarks/quality_serve_cpu.json
+        --out results/quality/quality_serve_cpu.json
 """
 
 from __future__ import annotations

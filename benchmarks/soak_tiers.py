@@ -122,7 +122,7 @@ def main() -> int:
     ap.add_argument("--pause-s", type=float, default=4.0)
     ap.add_argument("--part-kb", type=float, default=24.0, help="remote object part size (KiB)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/soak_tiers_cpu.json"))
+    ap.add_argument("--out", type=Path, default=Path("results/tiers/soak_tiers_cpu.json"))
     args = ap.parse_args()
     pages_per_doc = -(-int(args.doc_tokens * 1.2) // 16)  # ~3 characters per token, some slack
     args.corpus = max(args.docs + 1, round(args.corpus_factor * args.pool_pages / pages_per_doc))

@@ -1,6 +1,6 @@
 """The long fuzz with every tier, every recovery mode and store faults: 10,000 requests.
 
-    python -m tools.fuzz_soak --skip seed --out benchmarks/fuzz_10k_cpu.json   # ~10,000 requests
+    python -m tools.fuzz_soak --skip seed --out results/fuzz/fuzz_10k_cpu.json   # ~10,000 requests
     python -m tools.fuzz_soak --skip seed --requests 300 --out /tmp/soak.json  # a short run
 
 The fuzz's cases (`tools/fuzz_server.py`, the same options, each case drawing a recovery mode)
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rss-threshold", type=float, default=1.0, help="%% of RSS per 1,000 requests")
     p.add_argument("--model", type=Path, default=MODELS / "tiny-llama")
     p.add_argument("--log-dir", type=Path, default=None, help="server and store logs (default: temporary)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/fuzz_10k_cpu.json"))
+    p.add_argument("--out", type=Path, default=Path("results/fuzz/fuzz_10k_cpu.json"))
     return p
 
 

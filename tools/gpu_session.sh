@@ -210,7 +210,7 @@ explore() {
   # 10 x 256 (20 questions, the baseline rules: EXPLORE_MORE_CONFIGS). Every process stops in time
   # for the merge: explore_<set>_<gpu>.json in $OUT. EXPLORE_RESUME=1 keeps what an earlier call
   # wrote (the machine keeps its files ~30 s) and runs the rest. The questions that committed
-  # results of the preset hold (benchmarks/<preset>_<machine>_<set>.json: an earlier loan's, the
+  # results of the preset hold (results/quality/<preset>_<machine>_<set>.json: an earlier loan's, the
   # CPU's, their merge) are skipped and those results merged in, so a new loan goes on where the
   # last run stopped.
   local site=$work/site device=cuda dir=$work/logs/explore
@@ -248,9 +248,9 @@ explore_sets() {
   for name in "$@"; do
     shards=${set_shards[$name]}
     [ -z "$dry" ] || shards=1
-    # Committed results of this preset (benchmarks/<preset>_<machine>_<set>.json):
+    # Committed results of this preset (results/quality/<preset>_<machine>_<set>.json):
     # their questions are skipped here and merged back below.
-    earlier[$name]=$(ls "$repo/benchmarks/${configs//-/_}"_*_"$name".json 2>/dev/null | tr '\n' ' ')
+    earlier[$name]=$(ls "$repo/results/quality/${configs//-/_}"_*_"$name".json 2>/dev/null | tr '\n' ' ')
     for ((k = 0; k < shards; k++)); do
       read -ra args <<<"${set_args[$name]}"
       # shellcheck disable=SC2206  # one word per file

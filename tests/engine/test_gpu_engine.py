@@ -15,7 +15,7 @@ step where the reference's top-1/top-2 log-probability gap is below `2 * tol` (a
 bf16 noise may flip) the rest of that answer is not compared. `delta` itself must stay below
 DELTA_CAP, a check that the engine computes the model at all: the tiny models' logits are large
 (greedy decoding without near-ties), so their bf16 noise is too; the first GPU run (an H200,
-`benchmarks/gpu_tests_h200.json`) measured 0.03 to 0.27 on ~130-token prompts, and a 4 x delta
+`results/gpu_tests/gpu_tests_h200.json`) measured 0.03 to 0.27 on ~130-token prompts, and a 4 x delta
 of 0.13 was too tight for ~400-token chunked prompts, hence prompts of both lengths now.
 
 `qattn` requests (per request, `chunk_cache_recovery`) are checked against the HF plan of `qattn`

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_rag, rag_servers, rag_summary, rag_workload
+from benchmarks.serve_util import REPO
 
 
 def args_for(*argv: str):
@@ -20,9 +21,9 @@ def args_for(*argv: str):
 
 
 def test_the_default_workload_is_the_one_the_committed_results_used():
-    """The requests of `benchmarks/rag_cpu.json`, which also records each one's size in `meta`."""
+    """The requests of `results/rag/rag_cpu.json`, which also records each one's size in `meta`."""
     requests = [asdict(r) for r in rag_workload.build_workload().requests]
-    committed = json.loads((Path(bench_rag.__file__).parent / "rag_cpu.json").read_text())["workload"]
+    committed = json.loads((REPO / "results" / "rag" / "rag_cpu.json").read_text())["workload"]
     assert [{**r, "meta": {}} for r in requests] == [{**r, "meta": {}} for r in committed["requests"]]
     assert all(r["meta"].get("n_docs", len(r["doc_ids"])) == len(r["doc_ids"]) for r in committed["requests"])
 

@@ -35,7 +35,7 @@ def _strings(value):
         yield value
 
 
-@pytest.mark.parametrize("result", sorted((REPO / "benchmarks").glob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("result", sorted((REPO / "results").glob("*/*.json")), ids=lambda p: p.name)
 def test_committed_results_hold_no_absolute_paths(result: Path):
     absolute = [
         word
@@ -52,7 +52,7 @@ API_PATH = r"/(v1/|health\b|metrics\b|reset_prefix_cache\b)"
 
 def recorded_commands() -> list[tuple[str, str]]:
     """(result file, the command it records) of every committed result that records one."""
-    results = sorted((REPO / "benchmarks").glob("*.json"))
+    results = sorted((REPO / "results").glob("*/*.json"))
     commands = [(p.name, json.loads(p.read_text()).get("command")) for p in results]
     return [(name, command) for name, command in commands if isinstance(command, str)]
 
@@ -65,3 +65,10 @@ def test_the_recorded_command_names_a_script_that_exists(name: str, command: str
     else:
         program = next((w for w in words if w.endswith((".py", ".sh"))), "")
     assert program and (REPO / program).is_file(), f"{name}: {command}"
+
+
+def test_the_results_index_lists_every_committed_result():
+    index = (REPO / "results" / "README.md").read_text()
+    files = [p for p in (REPO / "results").glob("*/*") if p.suffix != ".png" or not p.with_suffix(".json").exists()]
+    missing = [f"{p.parent.name}/{p.name}" for p in files if f"`{p.name}`" not in index]
+    assert not missing, f"results/README.md does not list {missing}"
