@@ -63,7 +63,7 @@ import time
 from pathlib import Path
 
 from benchmarks import quality_data as qd
-from benchmarks.serve_util import portable
+from harness.serve_util import portable
 
 REPO = Path(__file__).resolve().parent.parent
 

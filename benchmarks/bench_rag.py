@@ -53,15 +53,15 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks import rag_workload
-from benchmarks.machine import machine_info
 from benchmarks.rag_itl import run_itl
 from benchmarks.rag_phases import Streams, run_config
 from benchmarks.rag_plot import plot
 from benchmarks.rag_servers import CONFIGS, make_server
 from benchmarks.rag_summary import targets
 from benchmarks.rag_tables import print_summary
-from benchmarks.serve_util import MODELS, REPO, VllmServer, env_assignment, portable, start_all
+from harness import rag_workload
+from harness.machine import machine_info
+from harness.serve_util import MODELS, REPO, VllmServer, env_assignment, portable, start_all
 
 
 # -- options ----------------------------------------------------------------------------------------------

@@ -34,11 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import rag_workload
-from benchmarks.machine import machine_info
-from benchmarks.mooncake_store import MooncakeProcs
 from benchmarks.rag_servers import read_counters, ttft_request
-from benchmarks.serve_util import MODELS, REPO, VllmServer, openai_client, portable
+from harness import rag_workload
+from harness.machine import machine_info
+from harness.mooncake_store import MooncakeProcs
+from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable
 
 NAME = "tiny-rag"
 TIER_COUNTERS = {

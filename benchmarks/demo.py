@@ -21,11 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import bench_rag, rag_workload
+from benchmarks import bench_rag
 from benchmarks.rag_phases import run_config
 from benchmarks.rag_plot import plot
 from benchmarks.rag_tables import fmt
-from benchmarks.serve_util import MODELS, REPO
+from harness import rag_workload
+from harness.serve_util import MODELS, REPO
 
 
 def main() -> int:

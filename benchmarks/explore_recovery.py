@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which recovery mode wins answers back? Candidate modes measured with HF transformers.
 
-Runs the HF forms of `tests/helpers/hf_recovery.py` (the chunk layouts and candidate recovery modes as
+Runs the HF forms of `harness/hf_recovery.py` (the chunk layouts and candidate recovery modes as
 explicit load/compute plans; fp32, eager attention) on a real model and a question set, and
 reports per configuration (layout x mode): agreement with full attention (identical greedy
 answer), the exact KL divergence of the first answer token's distribution from full attention's
@@ -15,7 +15,7 @@ recompute fraction (prompt tokens computed / prompt tokens, when every document 
         sequential/suffix:last sequential/epic:8 sequential/epic:32 sequential/defer-epic:32 \\
         sequential/defer-blend:0.15 --out results/quality/recovery_hf_musique.json
 
-`--configs` takes `layout/mode` (modes: `tests/helpers/hf_recovery.py`); the word `curves` stands for
+`--configs` takes `layout/mode` (modes: `harness/hf_recovery.py`); the word `curves` stands for
 `CURVE_CONFIGS` (issue 25: each budgeted selection rule at 5-30 % of the document tokens, APE-like
 scaling, `last`, `last:2`). Plans run in one masked forward (`run(..., one_pass=True)`, equal to
 the run-by-run loop). The JSON is rewritten after every question. Curves of its summary:
@@ -53,7 +53,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks import quality_data as qd
-from benchmarks.serve_util import portable
+from harness.serve_util import portable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,7 +168,7 @@ def ceiling_coverage(mode: str, attention, chunk_lens: list[int]) -> tuple[float
     """A `qattn:r/m` or `cover:...` mode's coverage (`hr.cover_choice`: C_1's and the computed
     windows' share of the question's attention over the documents; `qattn:r/16`'s windows are
     `cover:1/r`'s at the ceiling) and whether `cover` falls back; None for other modes."""
-    from tests.helpers import hf_recovery as hr
+    from harness import hf_recovery as hr
 
     name, _, arg = mode.partition(":")
     if name == "qattn" and arg.endswith("/16") and "@" not in arg and "," not in arg:
@@ -383,8 +383,8 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from tests.helpers import hf_recovery as hr
-    from tests.helpers.hf_reference import load
+    from harness import hf_recovery as hr
+    from harness.hf_reference import load
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks import quality_data as qd
 from benchmarks.bench_quality import build_samples
-from benchmarks.serve_util import VllmServer, openai_client, portable
+from harness.serve_util import VllmServer, openai_client, portable
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ["none", "last:2", "qattn:0.1", "qattn:0.15", "qattn:0.2", "cover:0.7/0.2"]

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks import rag_workload
 from benchmarks.rag_servers import CHUNK_HITS, ITL_COUNT, ITL_SUM, make_server, ttft_request
 from benchmarks.rag_summary import stats
 from benchmarks.rag_tables import fmt
-from benchmarks.serve_util import VllmServer, openai_client, portable
+from harness import rag_workload
+from harness.serve_util import VllmServer, openai_client, portable
 
 if TYPE_CHECKING:
     import openai

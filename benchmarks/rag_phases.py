@@ -12,7 +12,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import rag_workload
 from benchmarks.rag_servers import (
     CHUNK_HITS,
     CHUNK_MISSES,
@@ -27,7 +26,8 @@ from benchmarks.rag_servers import (
 )
 from benchmarks.rag_summary import stats, summarize
 from benchmarks.rag_tables import fmt
-from benchmarks.serve_util import VllmServer, openai_client, portable
+from harness import rag_workload
+from harness.serve_util import VllmServer, openai_client, portable
 
 OnSample = Callable[[dict], None]
 Streams = dict[int, list[rag_workload.RagRequest]]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks.serve_util import VllmServer
+from harness.serve_util import VllmServer
 
 if TYPE_CHECKING:
     import openai

@@ -17,7 +17,7 @@ and started again (its index, so every object, is lost) at 1/3; the store proces
 
 Checked, and written to the JSON with the counts:
 - every greedy answer equals the independent HF reference of the chunk semantics
-  (`tests/helpers/hf_reference.py`, explicit 4D mask and positions): 0 differences expected;
+  (`harness/hf_reference.py`, explicit 4D mask and positions): 0 differences expected;
 - both engines still serve at the end (0 engine deaths);
 - no pinned entries and no requests left once idle (0 leaked pins);
 - per instance, device hits + host hits + remote hits + misses = the document occurrences sent
@@ -36,11 +36,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks import rag_workload
-from benchmarks.machine import machine_info
-from benchmarks.mooncake_store import MooncakeProcs
-from benchmarks.serve_util import MODELS, VllmServer, openai_client, portable
-from benchmarks.store_faults import FaultInjector, FaultSettings, fault_plan
+from harness import rag_workload
+from harness.machine import machine_info
+from harness.mooncake_store import MooncakeProcs
+from harness.serve_util import MODELS, VllmServer, openai_client, portable
+from harness.store_faults import FaultInjector, FaultSettings, fault_plan
 
 NAME = "tiny-llama"
 SYS = "You are a careful assistant. Answer from the documents."
@@ -100,7 +100,7 @@ def stream(args) -> list[tuple[str, list[int]]]:
 def references(args, prompts: list[str]) -> list[list[int]]:
     from tokenizers import Tokenizer
 
-    from tests.helpers import chunk_cases, hf_reference
+    from harness import chunk_cases, hf_reference
 
     model = hf_reference.load(args.model)
     raw_tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))

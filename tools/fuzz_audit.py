@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.rag_workload import chunked, document
+from harness.rag_workload import chunked, document
 from tools.fuzz_cases import MODEL_NAME, RECOVERY_KEY
 from tools.fuzz_report import Report
 from tools.fuzz_run import Target, chunk_metrics, idle_state

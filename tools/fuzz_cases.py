@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from benchmarks.rag_workload import document
+from harness.rag_workload import document
 
 MODEL_NAME = "tiny-llama"
 PAGE_TOKENS = 16

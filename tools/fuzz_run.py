@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from benchmarks.serve_util import VllmServer, requests_in_flight, scrape
+from harness.serve_util import VllmServer, requests_in_flight, scrape
 from tools.fuzz_cases import MODEL_NAME, Case, FuzzSettings, make_cases
 from tools.fuzz_client import Outcome, after_request, send
 from tools.fuzz_report import Report, check_outcome, check_reference, clean, server_error_kind

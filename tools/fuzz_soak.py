@@ -9,7 +9,7 @@ Mooncake Store started here (master and store process on loopback, objects in pa
 `--part-kb`, signed with a secret made for the run unless `--no-secret`), in phases: phase A at
 TP=1 on cases 0 .. n-1, phase B at TP=2 (`--tp2-fraction` of `--requests`) on the cases after
 them, one server each, both on the same store. In each phase's concurrent pass, store faults at
-fixed fractions of its requests (`--faults`, `benchmarks/store_faults.py`): the master killed and
+fixed fractions of its requests (`--faults`, `harness/store_faults.py`): the master killed and
 started again, the store paused, a part of about half of the objects removed, a slow store.
 
 Checked per phase, and written to one JSON (`--out`, after every phase) with a plot of the
@@ -37,10 +37,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from benchmarks.machine import machine_info
-from benchmarks.mooncake_store import STORE_BYTES, MooncakeProcs
-from benchmarks.serve_util import MODELS, portable
-from benchmarks.store_faults import FAULTS, FaultInjector, FaultSettings, fault_plan
+from harness.machine import machine_info
+from harness.mooncake_store import STORE_BYTES, MooncakeProcs
+from harness.serve_util import MODELS, portable
+from harness.store_faults import FAULTS, FaultInjector, FaultSettings, fault_plan
 from tools.fuzz_audit import RssSampler, audit, rss_trend
 from tools.fuzz_cases import KV_BYTES_PER_TOKEN, PAGE_TOKENS, FuzzSettings
 from tools.fuzz_report import Report, summary

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.serve_util import VllmServer, env_assignment
+from harness.serve_util import VllmServer, env_assignment
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 PREFILL_ONLY = {"max_tokens": 1, "stream": False, "n": 1}

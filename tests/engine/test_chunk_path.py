@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 
 MAX_TOKENS = 8
 

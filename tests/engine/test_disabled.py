@@ -76,7 +76,7 @@ def test_engine_it_does_not_apply_to_leaves_the_next_engine_chunking(models_dir:
     after it in the same process still chunks."""
     from tokenizers import Tokenizer
 
-    from tests.helpers import chunk_cases as cc
+    from harness import chunk_cases as cc
 
     prompt = "SYS # # doc one # # doc two # # question?"
     raw = Tokenizer.from_file(str(models_dir / "tiny-llama" / "tokenizer.json"))

@@ -12,7 +12,7 @@ def test_a_sliding_window_model_generates_with_it_off(tmp_path, models_dir):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tests.helpers import hf_reference
+    from harness import hf_reference
 
     config, _ = NOT_APPLICABLE["mistral-sliding"]
     # The CPU attention kernels need a head size of 32 or more.

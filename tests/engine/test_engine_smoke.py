@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import hf_reference
+from harness import hf_reference
 
 PROMPTS = [
     "The ferry leaves the harbour every hour, except on Sundays.",

@@ -40,8 +40,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import chunk_cases as cc
-from tests.helpers import hf_reference
+from harness import chunk_cases as cc
+from harness import hf_reference
 from tests.helpers.engine_runner import run_engine
 
 ON_CPU = os.environ.get("CHUNK_CACHE_GPU_TESTS_ON_CPU") == "1"

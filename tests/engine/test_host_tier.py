@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import chunk_cases as cc
 from tests.engine.test_chunk_engines import SMALL, check_round
 from tests.engine.test_model_parallel import BIND, TP2, needs_two_cores
-from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
 POOL_PAGES = 32  # 512 tokens; tiny-llama keeps 1 KiB of K/V per token (SMALL)

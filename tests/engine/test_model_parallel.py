@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import chunk_cases as cc
 from tests.engine.test_chunk_engines import check_round, preemption_round
-from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_util import free_ports
+from harness import chunk_cases as cc
+from harness.serve_util import free_ports
 from tests.engine.test_chunk_engines import check_round
-from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
 MASTER = Path(sys.executable).parent / "mooncake_master"

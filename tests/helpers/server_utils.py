@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.serve_util import VllmServer, openai_client, scrape
-from benchmarks.serve_util import requests_in_flight as requests_in_flight  # (re-exported)
+from harness.serve_util import VllmServer, openai_client, scrape
+from harness.serve_util import requests_in_flight as requests_in_flight  # (re-exported)
 
 TIMEOUT = 60
 """Seconds any single client call may take: a hang fails the test instead of stalling CI."""

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import pytest
 
-from benchmarks.serve_util import free_port
+from harness.serve_util import free_port
 from tests.helpers import REPO
 
 

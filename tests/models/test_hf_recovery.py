@@ -1,13 +1,13 @@
-"""The HF plan forms of recovery modes (`tests/helpers/hf_recovery.py`) against the references
-(`tests/helpers/hf_reference.py`) on tiny-llama."""
+"""The HF plan forms of recovery modes (`harness/hf_recovery.py`) against the references
+(`harness/hf_reference.py`) on tiny-llama."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.helpers import hf_recovery as hr
-from tests.helpers.hf_reference import greedy, load
+from harness import hf_recovery as hr
+from harness.hf_reference import greedy, load
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_util import scrape
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
+from harness.serve_util import scrape
 from tests.helpers import server_utils
 
 pytestmark = pytest.mark.skipif(

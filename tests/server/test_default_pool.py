@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from tests.helpers import server_utils
 
 MAX_TOKENS = 6

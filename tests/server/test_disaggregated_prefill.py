@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_util import free_port
-from tests.helpers import REPO, hf_reference, server_utils
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
+from harness import hf_reference
+from harness.serve_util import free_port
+from tests.helpers import REPO, server_utils
 
 BLOCK = 32
 """The pair's KV block size: `ExampleConnector` moves the prompt's whole blocks but the last."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from tests.helpers import server_utils
 
 DOCS = [cc.document(900 + i, 40) for i in range(3)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from tests.helpers import server_utils
 from vllm_ascend_chunk.paging import pages_for
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from tests.helpers import server_utils
 from vllm_ascend_chunk.frontend.parser import ChunkParser, ChunkPromptError
 from vllm_ascend_chunk.geometry import PAGE_SIZE

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from tests.helpers import server_utils
 from vllm_ascend_chunk.metrics import (
     COUNTERS,

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 TEXT = "def f():\n    # # TODO: handle x\n    return 1\n# # ---\nWhat does f return?"

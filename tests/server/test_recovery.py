@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 LAST = {"chunk_cache_recovery": "last"}

@@ -13,7 +13,7 @@ import math
 import httpx
 import pytest
 
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
 from tests.helpers import server_utils
 
 MAX_TOKENS = 6

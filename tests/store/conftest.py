@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.mooncake_store import MooncakeProcs
+from harness.mooncake_store import MooncakeProcs
 from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.worker.remote_store import RemoteStore
 

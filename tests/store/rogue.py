@@ -10,7 +10,7 @@ import urllib.request
 import torch
 import xxhash
 
-from benchmarks.mooncake_store import MooncakeProcs
+from harness.mooncake_store import MooncakeProcs
 from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, MAGIC, KVHeader
 
 _SIGNATURE_BYTES = 32

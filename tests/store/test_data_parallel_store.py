@@ -10,10 +10,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.mooncake_store import MooncakeProcs, wait_for
-from benchmarks.serve_util import scrape
+from harness import chunk_cases as cc
+from harness.mooncake_store import MooncakeProcs, wait_for
+from harness.serve_util import scrape
 from tests.engine.test_model_parallel import BIND, needs_two_cores
-from tests.helpers import chunk_cases as cc
 from tests.helpers import server_utils
 from tests.store.test_parallel_tiers import objects
 from tests.store.test_shared_engines import remote_env

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.store_faults import FAULTS
+from harness.store_faults import FAULTS
 from tests.helpers import server_utils
 from tools import fuzz_soak
 

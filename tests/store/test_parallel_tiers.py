@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.mooncake_store import MooncakeProcs
+from harness import chunk_cases as cc
+from harness.mooncake_store import MooncakeProcs
 from tests.engine.test_chunk_engines import check_round
 from tests.engine.test_model_parallel import BIND, PP2, TP2, needs_two_cores
-from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 from tests.store.test_shared_engines import remote_env
 from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.mooncake_store import MooncakeProcs
+from harness.mooncake_store import MooncakeProcs
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, raw_client, written
 from vllm_ascend_chunk.worker.remote_objects import MOONCAKE_TCP_BOUNDS
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.mooncake_store import MooncakeProcs, wait_for
+from harness.mooncake_store import MooncakeProcs, wait_for
 from tests.store.test_kv_object import header as kv_header
 from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.worker.kv_object import KVHeader, encode
@@ -76,7 +76,7 @@ def test_roundtrip_and_second_instance(mooncake: MooncakeProcs, remote_store: Ma
 _EXIT_WITHOUT_CLOSE = """
 import sys
 from tests.store.test_remote_store import header, kv_for
-from benchmarks.mooncake_store import wait_for
+from harness.mooncake_store import wait_for
 from vllm_ascend_chunk.config import RemoteConfig
 from vllm_ascend_chunk.worker.remote_store import RemoteStore
 master, metadata, prefix = sys.argv[1:]

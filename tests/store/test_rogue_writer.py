@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.mooncake_store import MooncakeProcs, wait_for
+from harness import chunk_cases as cc
+from harness.mooncake_store import MooncakeProcs, wait_for
 from tests.engine.test_chunk_engines import check_round
-from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 from tests.store import rogue
 from tests.store.test_shared_engines import remote_env

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.mooncake_store import MooncakeProcs
-from benchmarks.serve_util import free_port
+from harness import chunk_cases as cc
+from harness.mooncake_store import MooncakeProcs
+from harness.serve_util import free_port
 from tests.engine.test_chunk_engines import check_round
-from tests.helpers import chunk_cases as cc
 from tests.helpers.engine_runner import run_engine
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.mooncake_store import MooncakeProcs
-from tests.helpers import chunk_cases as cc
+from harness import chunk_cases as cc
+from harness.mooncake_store import MooncakeProcs
 from tests.helpers import server_utils
 from tests.store.test_shared_engines import remote_env
 

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from benchmarks.mooncake_store import MooncakeProcs
+from harness.mooncake_store import MooncakeProcs
 from tests.store import rogue
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, written
 from vllm_ascend_chunk.worker.kv_object import SigningKey

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_rag, rag_servers, rag_summary, rag_workload
-from benchmarks.serve_util import REPO
+from benchmarks import bench_rag, rag_servers, rag_summary
+from harness import rag_workload
+from harness.serve_util import REPO
 
 
 def args_for(*argv: str):

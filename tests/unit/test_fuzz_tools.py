@@ -10,7 +10,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from benchmarks.store_faults import FAULTS, Fault, fault_plan
+from harness.store_faults import FAULTS, Fault, fault_plan
 from tools.fuzz_audit import counter_relations, probe_requests, rss_trend
 from tools.fuzz_cases import RECOVERY_MODES, Case, FuzzSettings, make_cases
 from tools.fuzz_client import sse_lines

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_util import REPO, portable
+from harness.serve_util import REPO, portable
 
 
 def test_paths_in_the_checkout_become_relative_and_other_absolute_ones_their_name(tmp_path: Path):
@@ -69,6 +69,8 @@ def test_the_recorded_command_names_a_script_that_exists(name: str, command: str
 
 def test_the_results_index_lists_every_committed_result():
     index = (REPO / "results" / "README.md").read_text()
-    files = [p for p in (REPO / "results").glob("*/*") if p.suffix != ".png" or not p.with_suffix(".json").exists()]
+    files = [
+        p for p in (REPO / "results").glob("*/*") if p.suffix != ".png" or not p.with_suffix(".json").exists()
+    ]
     missing = [f"{p.parent.name}/{p.name}" for p in files if f"`{p.name}`" not in index]
     assert not missing, f"results/README.md does not list {missing}"

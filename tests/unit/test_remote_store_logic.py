@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from benchmarks.mooncake_store import wait_for
+from harness.mooncake_store import wait_for
 from tests.store.test_kv_object import header as kv_header
 from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool
 from vllm_ascend_chunk.config import RemoteConfig

@@ -1,4 +1,4 @@
-"""`benchmarks.serve_util.VllmServer.start`: a server that lost a port race is started once more,
+"""`harness.serve_util.VllmServer.start`: a server that lost a port race is started once more,
 any other failed start is an error at once. A small Python program stands in for `vllm serve`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_util import VllmServer
+from harness.serve_util import VllmServer
 
 STAND_IN = """
 import http.server, pathlib, sys

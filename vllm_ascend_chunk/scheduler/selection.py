@@ -17,7 +17,7 @@ paged attention, no other kernel):
    request's computed-token count back to the run's first token; the run overwrites the loaded
    K/V of its slots and attends causally to every slot before it: loaded tokens, and the runs
    before it already recomputed. That is the in-place plan of the HF reference
-   (`tests/helpers/hf_recovery.py`, `qattn:r/m`). The runs after the one the request computes
+   (`harness/hf_recovery.py`, `qattn:r/m`). The runs after the one the request computes
    join its forward as batch rows of their own over the request's blocks when the step has room
    (`take`; the scheduler adds them): every backend writes a layer's K/V for all rows before any
    row attends at that layer, so each run sees the runs before it recomputed, as one after

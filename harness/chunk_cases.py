@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.rag_workload import chunked as chunked  # (re-exported for the tests)
-from benchmarks.rag_workload import document as document
-from tests.helpers import hf_reference
+from harness import hf_reference
+from harness.rag_workload import chunked as chunked  # (re-exported for the tests)
+from harness.rag_workload import document as document
 
 DELIMITER = re.compile(r"\s*# #\s*")
 SYS = "You are a careful assistant. Answer from the documents."
@@ -57,7 +57,7 @@ _qattn_references: dict[tuple, tuple] = {}
 
 def qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str, layout: str = DEFAULT_LAYOUT):
     """The expected structure of `text` and the HF reference answer of the `qattn:r/m` recovery
-    mode (`tests/helpers/hf_recovery.py`): the tokens, the log-probability of the first one, and
+    mode (`harness/hf_recovery.py`): the tokens, the log-probability of the first one, and
     the region tokens the plan computes. `raw_tok` is the model's own tokenizer; computed once per
     model and arguments (a copy of that)."""
     key = (model.name_or_path, text, max_tokens, mode, layout)
@@ -67,7 +67,7 @@ def qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str, layou
 
 
 def _qattn_reference(model, raw_tok, text: str, max_tokens: int, mode: str, layout: str):
-    from tests.helpers import hf_recovery as hr
+    from harness import hf_recovery as hr
 
     exp = expected_structure(raw_tok, text)
     ids, sys_len, lens = exp.token_ids, exp.sys_len, exp.chunk_lens

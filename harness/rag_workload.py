@@ -1,6 +1,6 @@
 """Deterministic RAG workloads: synthetic documents, questions and chunked prompts.
 
-Shared by the tests (`tests/helpers/chunk_cases.py`), the benchmark (`benchmarks/bench_rag.py`) and the
+Shared by the tests (`harness/chunk_cases.py`), the benchmark (`benchmarks/bench_rag.py`) and the
 demo. Everything is seeded: the same arguments give the same text on every machine.
 """
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from benchmarks.mooncake_store import MooncakeProcs
+from harness.mooncake_store import MooncakeProcs
 
 SECOND_PARTS = r"^chunk-cache/v\d+/[0-7][^/]*/[^/]+/part1$"
 """Object names of the second part of about half of the objects (keys whose hash starts 0-7)."""

@@ -8,7 +8,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from benchmarks.serve_util import REPO
+from harness.serve_util import REPO
 
 
 def machine_info() -> dict:

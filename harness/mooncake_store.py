@@ -3,7 +3,7 @@ remote tier on one machine: a master (with its embedded HTTP metadata server) an
 store process (`mooncake_client`) that holds the memory, so the clients contribute none
 (Mooncake's "standalone-store" mode).
 
-    python -m benchmarks.mooncake_store      # a 4 GiB store until Ctrl-C; prints the settings
+    python -m harness.mooncake_store      # a 4 GiB store until Ctrl-C; prints the settings
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.serve_util import free_ports
+from harness.serve_util import free_ports
 from vllm_ascend_chunk.config import RemoteConfig
 
 STORE_BYTES = 256 << 20
@@ -140,7 +140,7 @@ class MooncakeProcs:
         assert self.store is not None
         self.store.send_signal(signal.SIGCONT)
 
-    # -- faults (benchmarks/store_faults.py plans them) ------------------------------------
+    # -- faults (harness/store_faults.py plans them) ------------------------------------
     def restart_master(self, down_s: float = 1.0) -> None:
         """Kill the master (its index, so every object, is lost) and start it again after `down_s`."""
         self.kill_master()

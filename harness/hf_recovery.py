@@ -107,7 +107,7 @@ from unittest import mock
 
 import torch
 
-from tests.helpers.hf_reference import Reference
+from harness.hf_reference import Reference
 
 
 @dataclass
