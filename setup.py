@@ -37,8 +37,8 @@ setup(
     install_requires=["msgspec"],
     cmdclass={"build_py": BuildWithSeries},
     entry_points={
-        "vllm.general_plugins": ["chunk_cache = vllm_ascend_chunk.plugin:register"],
-        "console_scripts": ["vllm-chunk-cache-patch = vllm_ascend_chunk.patch_cli:main"],
+        "vllm.general_plugins": ["chunk_cache = vllm_ascend_chunk.vllm_adapter.plugin:register"],
+        "console_scripts": ["vllm-chunk-cache-patch = vllm_ascend_chunk.vllm_adapter.patch_cli:main"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

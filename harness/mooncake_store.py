@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from harness.serve_util import free_ports
-from vllm_ascend_chunk.config import RemoteConfig
+from vllm_ascend_chunk.config.settings import RemoteConfig
 
 STORE_BYTES = 256 << 20
 """Memory the store process contributes (by default)."""

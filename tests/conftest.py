@@ -148,7 +148,7 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
 def chunk_env(monkeypatch):
     """`chunk_env(NAME=value, OTHER=None)`: set (or, with None, unset) chunk cache environment
     variables for one test and read the process-wide configuration again; restored after it."""
-    from vllm_ascend_chunk.config import get_config
+    from vllm_ascend_chunk.config.settings import get_config
 
     def set_env(**values: str | None) -> None:
         for name, value in values.items():

@@ -28,8 +28,8 @@ from harness.rag_workload import chunked, document
 from tools.fuzz_cases import MODEL_NAME, RECOVERY_KEY
 from tools.fuzz_report import Report
 from tools.fuzz_run import Target, chunk_metrics, idle_state
+from vllm_ascend_chunk.config.recovery_modes import recovery_of
 from vllm_ascend_chunk.metrics import ChunkCacheMetrics
-from vllm_ascend_chunk.recovery_modes import recovery_of
 
 PROBE_SYS = "You are a careful assistant. Answer from the documents."
 PROBES = (

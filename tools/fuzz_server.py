@@ -40,7 +40,7 @@ from pathlib import Path
 from tools.fuzz_cases import FuzzSettings, make_cases
 from tools.fuzz_report import FAILURE_KINDS, summary
 from tools.fuzz_run import Target, fuzz, server_factory
-from vllm_ascend_chunk.recovery_modes import RECOVERY_ACCEPTED, recovery_of
+from vllm_ascend_chunk.config.recovery_modes import RECOVERY_ACCEPTED, recovery_of
 
 REPO = Path(__file__).resolve().parent.parent
 

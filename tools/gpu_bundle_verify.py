@@ -51,11 +51,11 @@ DENSE_MODULES = [
     "vllm.distributed.kv_transfer.kv_connector.factory",
     "vllm.platforms.cuda",
     # this project, on top of the patched tree
-    "vllm_ascend_chunk.plugin",
-    "vllm_ascend_chunk.engine_config",
-    "vllm_ascend_chunk.connector",
-    "vllm_ascend_chunk.vllm_scheduler",
-    "vllm_ascend_chunk.runner_hooks",
+    "vllm_ascend_chunk.vllm_adapter.plugin",
+    "vllm_ascend_chunk.vllm_adapter.engine_config",
+    "vllm_ascend_chunk.vllm_adapter.connector",
+    "vllm_ascend_chunk.vllm_adapter.scheduler",
+    "vllm_ascend_chunk.vllm_adapter.runner_hooks",
     "vllm_ascend_chunk.ops.dispatch",
     "vllm_ascend_chunk.ops.triton_kv_load",
 ]

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkCacheInfo, ChunkSpans
 
 SYS = "You are a careful assistant."
 DOCS = [
@@ -202,8 +202,8 @@ def test_a_document_with_no_tokens_is_dropped():
     """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
     from types import SimpleNamespace
 
-    from vllm_ascend_chunk.engine_config import CONNECTOR
     from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY, tokenize_chunked
+    from vllm_ascend_chunk.vllm_adapter.engine_config import CONNECTOR
 
     class Tokenizer:
         def encode(self, text: str, add_special_tokens: bool) -> list[int]:

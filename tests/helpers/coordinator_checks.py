@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
-from vllm_ascend_chunk.scheduler.host_tier import HostTier
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 from vllm_ascend_chunk.scheduler.requests import UserStatus
+from vllm_ascend_chunk.tiers.host.scheduler import HostTier
 
 
 def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, ChunkPrefill]) -> None:

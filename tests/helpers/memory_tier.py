@@ -6,7 +6,7 @@ is ended by the workers' report."""
 from __future__ import annotations
 
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
-from vllm_ascend_chunk.scheduler.tiers import Fill, TierJobs
+from vllm_ascend_chunk.tiers.base import Fill, TierJobs
 
 
 class MemoryTier:

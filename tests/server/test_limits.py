@@ -11,7 +11,7 @@ import pytest
 
 from harness import chunk_cases as cc
 from tests.helpers import server_utils
-from vllm_ascend_chunk.paging import pages_for
+from vllm_ascend_chunk.core.paging import pages_for
 
 MAX_TOKENS = 4
 LIMITS = {"VLLM_CHUNK_CACHE_MAX_DOCS": "4", "VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS": "320"}

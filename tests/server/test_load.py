@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from harness import chunk_cases as cc
 from tests.helpers import server_utils
+from vllm_ascend_chunk.core.geometry import PAGE_SIZE
+from vllm_ascend_chunk.core.paging import pages_for
 from vllm_ascend_chunk.frontend.parser import ChunkParser, ChunkPromptError
-from vllm_ascend_chunk.geometry import PAGE_SIZE
-from vllm_ascend_chunk.paging import pages_for
 
 FIXED = cc.chunked(cc.SYS, [cc.document(1200 + i, 40) for i in range(3)], "Which ferry is fixed?")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.mooncake_store import MooncakeProcs
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.remote_store import RemoteStore
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 
 def _procs(log_dir: Path) -> Iterator[MooncakeProcs]:

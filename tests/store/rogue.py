@@ -11,7 +11,7 @@ import torch
 import xxhash
 
 from harness.mooncake_store import MooncakeProcs
-from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION, MAGIC, KVHeader
+from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, MAGIC, KVHeader
 
 _SIGNATURE_BYTES = 32
 

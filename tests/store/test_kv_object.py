@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from vllm_ascend_chunk.worker.kv_object import (
+from vllm_ascend_chunk.tiers.mooncake.kv_object import (
     FORMAT_VERSION,
     MAGIC,
     KVHeader,

@@ -16,7 +16,7 @@ from tests.engine.test_chunk_engines import check_round
 from tests.engine.test_model_parallel import BIND, PP2, TP2, needs_two_cores
 from tests.helpers.engine_runner import run_engine
 from tests.store.test_shared_engines import remote_env
-from vllm_ascend_chunk.worker.kv_object import FORMAT_VERSION
+from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION
 
 DOCS = [cc.document(540 + i, 70) for i in range(3)]
 PROMPTS = [cc.chunked(cc.SYS, DOCS[:2], "First two?"), cc.chunked(cc.SYS, DOCS[1:], "Last two?")]

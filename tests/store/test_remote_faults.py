@@ -14,7 +14,7 @@ import torch
 
 from harness.mooncake_store import MooncakeProcs
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, raw_client, written
-from vllm_ascend_chunk.worker.remote_objects import MOONCAKE_TCP_BOUNDS
+from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS
 
 MIB = 1 << 20
 

@@ -12,9 +12,9 @@ import torch
 
 from harness.mooncake_store import MooncakeProcs, wait_for
 from tests.store.test_kv_object import header as kv_header
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.kv_object import KVHeader, encode
-from vllm_ascend_chunk.worker.remote_store import RemoteStore
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 TIMEOUT_S = 1.0
 RETRY_S = 0.3
@@ -77,8 +77,8 @@ _EXIT_WITHOUT_CLOSE = """
 import sys
 from tests.store.test_remote_store import header, kv_for
 from harness.mooncake_store import wait_for
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.remote_store import RemoteStore
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 master, metadata, prefix = sys.argv[1:]
 store = RemoteStore(RemoteConfig(master=master, metadata_server=metadata, timeout_s=1.0))
 wait_for(lambda: store.up, 10, "client connected")

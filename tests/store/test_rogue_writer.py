@@ -19,9 +19,9 @@ from tests.engine.test_chunk_engines import check_round
 from tests.helpers.engine_runner import run_engine
 from tests.store import rogue
 from tests.store.test_shared_engines import remote_env
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.kv_object import KVHeader
-from vllm_ascend_chunk.worker.remote_store import RemoteStore
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 SECRET = "k3y-shared-by-every-honest-instance"
 MAX_TOKENS = 8

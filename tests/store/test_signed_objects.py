@@ -14,7 +14,7 @@ import torch
 from harness.mooncake_store import MooncakeProcs
 from tests.store import rogue
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, written
-from vllm_ascend_chunk.worker.kv_object import SigningKey
+from vllm_ascend_chunk.tiers.mooncake.kv_object import SigningKey
 
 SECRET = b"shared by every honest instance"
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
-from vllm_ascend_chunk.metadata import ChunkSpans
-from vllm_ascend_chunk.paging import slot_of
+from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.paging import slot_of
 from vllm_ascend_chunk.scheduler.prefills import CHUNK_PREFILL_ID_PREFIX
 
 BLOCK = 16
@@ -54,7 +54,7 @@ def make_scheduler(config, scheduler_cls=None):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from vllm_ascend_chunk.vllm_scheduler import ChunkCacheAsyncScheduler
+    from vllm_ascend_chunk.vllm_adapter.scheduler import ChunkCacheAsyncScheduler
 
     init_none_hash(get_hash_fn_by_name("sha256"))  # what the engine core does at start-up
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32)
@@ -168,9 +168,9 @@ def test_qattn_passes_under_async_scheduling(scheduler):
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-    from vllm_ascend_chunk.connector import chunk_step_metadata
+    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
     from vllm_ascend_chunk.frontend.keys import hash_fn, with_keys
-    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
+    from vllm_ascend_chunk.vllm_adapter.connector import chunk_step_metadata
 
     spans = ChunkSpans(sys_len=5, chunk_lens=[40, 30, 50], question_len=10)  # region 5..124, N = 135
     ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
@@ -246,8 +246,8 @@ Content = tuple
 def small_pool(request, monkeypatch, models_dir: Path):
     """The engine config, with `VLLM_CHUNK_CACHE_SIZE_GB` set so that the pool has POOL_PAGES,
     in each chunk layout (and scheduling policy)."""
-    from vllm_ascend_chunk.config import get_config
-    from vllm_ascend_chunk.geometry import pool_geometry, pool_shape
+    from vllm_ascend_chunk.config.settings import get_config
+    from vllm_ascend_chunk.core.geometry import pool_geometry, pool_shape
 
     layout, policy = request.param
     monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)  # before the engine config records it
@@ -486,7 +486,7 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
     enough to evict, outputs applied one step behind: after every step the coordinator's
     bookkeeping holds and every load reads rows a prefill of the same document wrote; at the end
     every request got its tokens (or its abort) and the pool holds no pin and no pending entry."""
-    from vllm_ascend_chunk.config import get_config
+    from vllm_ascend_chunk.config.settings import get_config
 
     totals = random_runs(lambda: AsyncRun(make_scheduler(small_pool)), play, max_examples=40)
     reached = (

@@ -34,7 +34,7 @@ def pp_config(models_dir: Path, stages: int, num_gpu_blocks: int = NUM_GPU_BLOCK
 
 
 def pp_scheduler(config):
-    from vllm_ascend_chunk.vllm_scheduler import ChunkCacheScheduler
+    from vllm_ascend_chunk.vllm_adapter.scheduler import ChunkCacheScheduler
 
     return make_scheduler(config, ChunkCacheScheduler)
 
@@ -90,7 +90,7 @@ def test_reset_with_a_last_token_in_flight(models_dir: Path, monkeypatch, layout
     preempts a chunk-path request whose last token is in flight; it waits for its documents again
     (the reset dropped them), and the token then finishes it: it must leave every queue, and the
     engine keep serving."""
-    from vllm_ascend_chunk.config import get_config
+    from vllm_ascend_chunk.config.settings import get_config
 
     monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)
     get_config.cache_clear()
@@ -111,8 +111,8 @@ def test_reset_with_a_last_token_in_flight(models_dir: Path, monkeypatch, layout
 @pytest.fixture(params=[(2, "overlap", "fcfs"), (3, "sequential", "priority")], ids=str)
 def pp_pool(request, monkeypatch, models_dir: Path):
     """(stages, engine config) with a pool of POOL_PAGES pages, per layout and policy."""
-    from vllm_ascend_chunk.config import get_config
-    from vllm_ascend_chunk.geometry import pool_geometry, pool_shape
+    from vllm_ascend_chunk.config.settings import get_config
+    from vllm_ascend_chunk.core.geometry import pool_geometry, pool_shape
 
     stages, layout, policy = request.param
     config = pp_config(models_dir, stages, policy=policy)

@@ -1,8 +1,8 @@
 import pytest
 
 from tests.helpers import REPO
-from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError, docs_table
-from vllm_ascend_chunk.recovery_modes import Recovery
+from vllm_ascend_chunk.config.recovery_modes import Recovery
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig, ChunkCacheConfigError, docs_table
 
 
 def test_defaults_match_the_design():
@@ -151,6 +151,6 @@ def test_both_secret_variables_are_refused(tmp_path):
 
 def test_the_readme_shows_the_configuration_table():
     """README.md's table is `docs_table()`, whole (a blank line on each side): regenerate it with
-    `python -c "from vllm_ascend_chunk.config import docs_table; print(docs_table())"`."""
+    `python -c "from vllm_ascend_chunk.config.settings import docs_table; print(docs_table())"`."""
     readme = (REPO / "README.md").read_text()
     assert f"\n\n{docs_table()}\n\n" in readme

@@ -22,13 +22,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
 from tests.helpers.memory_tier import MemoryTier
-from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.metadata import ChunkCacheInfo
-from vllm_ascend_chunk.paging import pages_for, slot_of
+from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.core.paging import pages_for, slot_of
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 from vllm_ascend_chunk.scheduler.requests import UserStatus
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 
 BLOCK = 4
 """Paged-KV block size of the fake engine."""
@@ -682,7 +682,7 @@ test_coordinator_random_operations = CoordinatorMachine.TestCase
 @pytest.fixture(autouse=True)
 def _default_config(monkeypatch):
     """The coordinator reads the layout and LRU threshold from the environment: use defaults."""
-    from vllm_ascend_chunk.config import get_config
+    from vllm_ascend_chunk.config.settings import get_config
 
     for name in ("VLLM_CHUNK_CACHE_LAYOUT", "VLLM_CHUNK_CACHE_LRU_THRESHOLD"):
         monkeypatch.delenv(name, raising=False)

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_ascend_chunk import engine_config
-from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.vllm_adapter import engine_config
 
 COMMON = {
     "vocab_size": 2048,
@@ -218,7 +218,7 @@ def test_dual_batch_overlap_is_refused(models_dir):
 
 
 def test_the_connector_needs_one_kv_cache_group():
-    from vllm_ascend_chunk.connector import _single_group
+    from vllm_ascend_chunk.vllm_adapter.connector import _single_group
 
     group = SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=16))
     assert _single_group(SimpleNamespace(kv_cache_groups=[group])) is group
@@ -234,7 +234,7 @@ OFFLOADING = {
 }
 CHUNK_CHILD = {
     "kv_connector": "ChunkCacheConnector",
-    "kv_connector_module_path": "vllm_ascend_chunk.connector",
+    "kv_connector_module_path": "vllm_ascend_chunk.vllm_adapter.connector",
     "kv_role": "kv_both",
     "kv_connector_extra_config": {"chunk_cache_layout": "sequential"},  # the engine's layout
 }
@@ -251,7 +251,7 @@ def multi(*children: dict) -> dict:
 def test_a_multi_connector_gets_the_chunk_cache_as_its_first_child(models_dir):
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-    from vllm_ascend_chunk.connector import ChunkCacheMultiConnector
+    from vllm_ascend_chunk.vllm_adapter.connector import ChunkCacheMultiConnector
 
     vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=multi(OFFLOADING, MOONCAKE))
     kv = vllm_config.kv_transfer_config
@@ -444,7 +444,7 @@ def test_speculation_with_draft_layers_is_refused(models_dir, method):
 def test_each_pipeline_stage_keeps_the_pool_of_its_own_layers(tmp_path, models_dir):
     """A 3-layer model in two stages (vLLM splits it 2 + 1): the engine's page is sized for the
     widest stage, each worker's pool holds its stage's layers, in the same rows."""
-    from vllm_ascend_chunk.geometry import pool_geometry, pool_shape, stage_geometry
+    from vllm_ascend_chunk.core.geometry import pool_geometry, pool_shape, stage_geometry
 
     model = write_model(tmp_path / "three", models_dir / "tiny-llama", {**LLAMA, "num_hidden_layers": 3})
     vllm_config = engine_config_of(model, pipeline_parallel_size=2, distributed_executor_backend="mp")

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.test_engine_config import engine_config_of
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend.keys import engine_identity, hash_fn, with_keys
-from vllm_ascend_chunk.metadata import ChunkSpans
 
 LORA = SimpleNamespace(lora_name="adapter", lora_int_id=1, lora_path="/adapters/a")
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from vllm_ascend_chunk.scheduler.host_index import HostEntry, HostIndex
+from vllm_ascend_chunk.tiers.host.index import HostEntry, HostIndex
 
 PAGE = 4
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from vllm_ascend_chunk.config import ChunkCacheConfig, ChunkCacheConfigError
-from vllm_ascend_chunk.layouts import LAYOUTS
-from vllm_ascend_chunk.metadata import ChunkSpans
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig, ChunkCacheConfigError
+from vllm_ascend_chunk.core.layouts import LAYOUTS
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 
 SPANS = ChunkSpans(sys_len=2, chunk_lens=[3, 5, 1], question_len=2)
 

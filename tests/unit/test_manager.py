@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vllm_ascend_chunk.scheduler.host_index import HostIndex
-from vllm_ascend_chunk.scheduler.host_tier import HostTier
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, EntryState
-from vllm_ascend_chunk.scheduler.remote_reads import RemoteReads
+from vllm_ascend_chunk.tiers.host.index import HostIndex
+from vllm_ascend_chunk.tiers.host.scheduler import HostTier
+from vllm_ascend_chunk.tiers.mooncake.scheduler import RemoteReads
 
 
 def make(num_pages: int = 8, page_size: int = 4, threshold: float = 1.0) -> ChunkCacheManager:

@@ -4,9 +4,9 @@ by that name in the process that logs them (the plugin registers the name)."""
 
 from __future__ import annotations
 
-from vllm_ascend_chunk import plugin
 from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, stats_payload
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
+from vllm_ascend_chunk.vllm_adapter import plugin
 
 
 def test_multi_connector_rebuilds_and_logs_the_chunk_cache_stats():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_async_scheduler import BLOCK, TOKEN, make_scheduler, synthetic_output
-from vllm_ascend_chunk.metadata import ChunkSpans
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.scheduler.prefills import is_chunk_prefill
 
 PEER = "___prefill_addr_127.0.0.1:21001___decode_addr_127.0.0.1:22001_"
@@ -30,7 +30,7 @@ def scheduler_next_to(models_dir: Path, **kv):
     """A `ChunkCacheScheduler` next to the KV connector `kv` (a `KVTransferConfig`'s fields)."""
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 
-    from vllm_ascend_chunk.vllm_scheduler import ChunkCacheScheduler
+    from vllm_ascend_chunk.vllm_adapter.scheduler import ChunkCacheScheduler
 
     config = VllmConfig(
         model_config=ModelConfig(str(models_dir / "tiny-llama"), dtype="float32", max_model_len=1024),
@@ -110,8 +110,8 @@ def serve(scheduler, kinds) -> dict[str, list[int]]:
     from vllm.distributed.kv_transfer.kv_connector.v1.p2p.p2p_nccl_connector import P2pNcclConnector
     from vllm.v1.outputs import KVConnectorOutput
 
-    from vllm_ascend_chunk.connector import chunk_step_metadata
-    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
+    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
+    from vllm_ascend_chunk.vllm_adapter.connector import chunk_step_metadata
 
     p2p = isinstance(scheduler.connector._connectors[1], P2pNcclConnector)
     for kind in kinds:

@@ -12,7 +12,7 @@ from tests.unit.test_coordinator import (  # noqa: F401 (fixture)
     coordinator,
     user_request,
 )
-from vllm_ascend_chunk.connector import ChunkCacheConnector, ChunkCacheMultiConnector
+from vllm_ascend_chunk.vllm_adapter.connector import ChunkCacheConnector, ChunkCacheMultiConnector
 
 
 @dataclass

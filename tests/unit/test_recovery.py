@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_ascend_chunk.config.recovery_modes import COVER_CEILING, SELECT_RUNS, Recovery, recovery_of
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkSpans
-from vllm_ascend_chunk.recovery_modes import COVER_CEILING, SELECT_RUNS, Recovery, recovery_of
 
 
 class Params:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_coordinator import _default_config, coordinator  # noqa: F401 (fixture)
-from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
 
 
 def report(rank: int, up: bool) -> ChunkCacheWorkerMetadata:

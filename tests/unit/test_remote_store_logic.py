@@ -22,12 +22,12 @@ import torch
 from harness.mooncake_store import wait_for
 from tests.store.test_kv_object import header as kv_header
 from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
-from vllm_ascend_chunk.worker.kv_object import KVHeader, encode, object_size
-from vllm_ascend_chunk.worker.remote_objects import MOONCAKE_TCP_BOUNDS
-from vllm_ascend_chunk.worker.remote_store import RemoteStore
-from vllm_ascend_chunk.worker.remote_tier import RemoteTier
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
+from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode, object_size
+from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
+from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier
 
 NONCE = 8
 """Bytes of the write nonce at the start of every part of a multi-part object."""

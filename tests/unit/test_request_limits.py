@@ -9,10 +9,10 @@ import hashlib
 import pytest
 import torch
 
+from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend.keys import check_fits, check_num_docs, with_keys
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.metadata import ChunkSpans
 
 POOL = PoolGeometry(num_layers=2, num_kv_heads=2, head_size=8, dtype=torch.float32, num_pages=64)
 """1,024 tokens of pool in 16-token pages."""

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend import request_spans, tokenize
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkSpans
 
 SPANS = {"sys_len": 2, "chunk_lens": [3, 4]}
 IDS = list(range(1, 13))

@@ -24,9 +24,10 @@ from tests.unit.test_coordinator import (
     coordinator,
     user_request,
 )
-from vllm_ascend_chunk.metadata import ChunkSpans
+from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.metrics import forget_delivered, stats_payload
-from vllm_ascend_chunk.paging import slot_of
 from vllm_ascend_chunk.scheduler.selection import (
     Cover,
     Phase,
@@ -35,7 +36,6 @@ from vllm_ascend_chunk.scheduler.selection import (
     cut_runs,
     select_windows,
 )
-from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.worker.scoring import region_weights
 
 

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.memory_tier import MemoryTier
-from vllm_ascend_chunk.scheduler.host_tier import HostTier
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry, EntryState
+from vllm_ascend_chunk.tiers.host.scheduler import HostTier
 
 PAGE = 4
 KEYS = {b"a": 4, b"b": 6, b"c": 3, b"d": 8, b"e": 4, b"f": 2, b"g": 5, b"h": 1}

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import msgspec
 
-from vllm_ascend_chunk.config import get_config
+from vllm_ascend_chunk.config.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
-from vllm_ascend_chunk.metadata import ChunkSpans
-from vllm_ascend_chunk.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
 
 RECOVERY_KEY = "chunk_cache_recovery"
 """Name of the per-request choice in `vllm_xargs` and `SamplingParams.extra_args`."""

@@ -50,18 +50,18 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.config import ChunkCacheConfig, get_config
-from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.layouts import LAYOUTS
-from vllm_ascend_chunk.paging import slot_of
-from vllm_ascend_chunk.scheduler.host_tier import HostTier
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
+from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.layouts import LAYOUTS
+from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, ChunkPrefills
 from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner, ShadowRun
-from vllm_ascend_chunk.scheduler.remote_reads import RemoteReads
 from vllm_ascend_chunk.scheduler.requests import UserRequest, UserStatus
 from vllm_ascend_chunk.scheduler.step_builder import StepBuilder
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.tiers.host.scheduler import HostTier
+from vllm_ascend_chunk.tiers.mooncake.scheduler import RemoteReads
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

@@ -29,12 +29,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.paging import PagedEntry, PageIndex, pages_for
+from vllm_ascend_chunk.core.paging import PagedEntry, PageIndex, pages_for
 from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
-from vllm_ascend_chunk.scheduler.tiers import Fill, Tier, TierJobs
+from vllm_ascend_chunk.tiers.base import Fill, Tier, TierJobs
 
 if TYPE_CHECKING:
-    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
+    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
 
 
 class EntryState(enum.Enum):

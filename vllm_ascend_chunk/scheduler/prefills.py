@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.paging import slot_of
+from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.step import RemoteWrite
 from vllm_ascend_chunk.scheduler.manager import Entry
 from vllm_ascend_chunk.scheduler.requests import UserRequest
-from vllm_ascend_chunk.step import RemoteWrite
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

@@ -5,11 +5,11 @@ step. The only writer of step metadata."""
 
 from __future__ import annotations
 
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ScoreSpec
 from vllm_ascend_chunk.scheduler.prefills import Saves
 from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
 from vllm_ascend_chunk.scheduler.requests import UserRequest
-from vllm_ascend_chunk.scheduler.tiers import TierJobs
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ScoreSpec
+from vllm_ascend_chunk.tiers.base import TierJobs
 
 
 class StepBuilder:

@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from vllm_ascend_chunk.engine_config import engine_settings
-from vllm_ascend_chunk.geometry import PoolGeometry
-from vllm_ascend_chunk.layouts import LAYOUTS
+from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.layouts import LAYOUTS
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.ops.base import Staging
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader, make_kv_reader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
-from vllm_ascend_chunk.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
-from vllm_ascend_chunk.worker.host_copies import HostCopies
+from vllm_ascend_chunk.tiers.host.worker import HostCopies
+from vllm_ascend_chunk.vllm_adapter.engine_config import engine_settings
 from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.scoring import QuestionScorer, score_layer_index
 
 if TYPE_CHECKING:
-    from vllm_ascend_chunk.worker.remote_tier import RemoteTier
-    from vllm_ascend_chunk.worker.tiers import WorkerTier
+    from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier
+    from vllm_ascend_chunk.tiers.worker_base import WorkerTier
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -185,8 +185,8 @@ def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:
     from vllm.distributed import get_pp_group, get_tp_group
     from vllm.utils.network_utils import get_ip
 
-    from vllm_ascend_chunk.worker.remote_store import RemoteStore
-    from vllm_ascend_chunk.worker.remote_tier import RemoteTier, ShardIdentity
+    from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
+    from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier, ShardIdentity
 
     config = engine_settings(vllm_config)
     remote_config = config.remote_config

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_chunk.geometry import PoolGeometry
+from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.ops.base import KVLoader, KVReader
 from vllm_ascend_chunk.ops.rotary import Rotation
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from vllm_ascend_chunk.core.step import ScoreSpec
     from vllm_ascend_chunk.ops.base import KVReader
-    from vllm_ascend_chunk.step import ScoreSpec
 
 logger = logging.getLogger("vllm.chunk_cache")
 

@@ -12,7 +12,7 @@ defined winner).
 
 from __future__ import annotations
 
-from vllm_ascend_chunk.paging import PagedEntry, PageIndex, pages_for
+from vllm_ascend_chunk.core.paging import PagedEntry, PageIndex, pages_for
 
 
 class HostEntry(PagedEntry):

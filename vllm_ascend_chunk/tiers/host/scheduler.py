@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.scheduler.host_index import HostIndex
 from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
-from vllm_ascend_chunk.scheduler.tiers import Fill, TierJobs
+from vllm_ascend_chunk.tiers.base import Fill, TierJobs
+from vllm_ascend_chunk.tiers.host.index import HostIndex
 
 if TYPE_CHECKING:
+    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
     from vllm_ascend_chunk.scheduler.manager import Entry
-    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata
 
 
 class HostTier:

@@ -13,8 +13,8 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.scheduler.tiers import Fill, TierJobs
-from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead
+from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata, RemoteRead
+from vllm_ascend_chunk.tiers.base import Fill, TierJobs
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def _chunk_worker() -> ChunkCacheWorker | None:
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    from vllm_ascend_chunk.connector import chunk_connector_of
+    from vllm_ascend_chunk.vllm_adapter.connector import chunk_connector_of
 
     connector = chunk_connector_of(get_kv_transfer_group() if has_kv_transfer_group() else None)
     return connector.chunk_worker if connector is not None else None
@@ -29,7 +29,7 @@ def prepare_step(runner, scheduler_output, num_reqs: int, num_tokens: int) -> No
     """`GPUModelRunner._prepare_inputs` (vllm-ascend: `NPUModelRunner`), right after the slot
     mapping is computed from the logical positions: the RoPE positions of this step's tokens, and
     the batch rows of the `qattn` question pieces to score."""
-    from vllm_ascend_chunk.connector import chunk_step_metadata
+    from vllm_ascend_chunk.vllm_adapter.connector import chunk_step_metadata
 
     meta = chunk_step_metadata(scheduler_output.kv_connector_metadata)
     if meta is None or not meta.position_shifts or (worker := _chunk_worker()) is None:

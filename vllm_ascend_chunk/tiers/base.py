@@ -18,10 +18,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from vllm_ascend_chunk.paging import PagedEntry
+from vllm_ascend_chunk.core.paging import PagedEntry
 
 if TYPE_CHECKING:
-    from vllm_ascend_chunk.step import ChunkCacheWorkerMetadata, RemoteRead
+    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata, RemoteRead
 
 
 class Fill(enum.Enum):

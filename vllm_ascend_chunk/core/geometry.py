@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vllm_ascend_chunk.config import get_config
-from vllm_ascend_chunk.paging import pages_for
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.core.paging import pages_for
 
 PAGE_SIZE = 16
 """Tokens per pool page."""

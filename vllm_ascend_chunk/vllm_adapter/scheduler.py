@@ -19,15 +19,15 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from vllm_ascend_chunk.connector import chunk_connector_of
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
-from vllm_ascend_chunk.shadow_rows import ShadowRows
-from vllm_ascend_chunk.stats_relay import StatsRelay
+from vllm_ascend_chunk.vllm_adapter.connector import chunk_connector_of
+from vllm_ascend_chunk.vllm_adapter.shadow_rows import ShadowRows
+from vllm_ascend_chunk.vllm_adapter.stats_relay import StatsRelay
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-    from vllm_ascend_chunk.connector import ChunkCacheConnector
+    from vllm_ascend_chunk.vllm_adapter.connector import ChunkCacheConnector
 
 
 class _ChunkCacheSchedulerMixin:

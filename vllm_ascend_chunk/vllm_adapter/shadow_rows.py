@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
-    from vllm_ascend_chunk.connector import ChunkCacheConnector
+    from vllm_ascend_chunk.vllm_adapter.connector import ChunkCacheConnector
 
 
 class ShadowRows:

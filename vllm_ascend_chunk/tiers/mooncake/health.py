@@ -9,8 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.remote_objects import PROBE_NAME, probe, reachable
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, probe, reachable
 
 logger = logging.getLogger("vllm.chunk_cache")
 

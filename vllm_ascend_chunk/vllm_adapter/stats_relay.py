@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-    from vllm_ascend_chunk.connector import ChunkCacheConnector
+    from vllm_ascend_chunk.vllm_adapter.connector import ChunkCacheConnector
 
 
 class StatsRelay:

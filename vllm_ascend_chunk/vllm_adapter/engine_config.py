@@ -16,8 +16,8 @@ import dataclasses
 import logging
 import os
 
-from vllm_ascend_chunk.config import ChunkCacheConfig, get_config
-from vllm_ascend_chunk.geometry import (
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
+from vllm_ascend_chunk.core.geometry import (
     AUTO_FRACTION,
     PAGES_KEY,
     auto_pool_bytes,
@@ -35,10 +35,10 @@ LAYOUT_KEY = "chunk_cache_layout"
 
 CONNECTOR = "ChunkCacheConnector"
 MULTI_CONNECTOR = "ChunkCacheMultiConnector"
-CONNECTOR_MODULE = "vllm_ascend_chunk.connector"
+CONNECTOR_MODULE = "vllm_ascend_chunk.vllm_adapter.connector"
 SCHEDULERS = {
-    False: "vllm_ascend_chunk.vllm_scheduler.ChunkCacheScheduler",
-    True: "vllm_ascend_chunk.vllm_scheduler.ChunkCacheAsyncScheduler",
+    False: "vllm_ascend_chunk.vllm_adapter.scheduler.ChunkCacheScheduler",
+    True: "vllm_ascend_chunk.vllm_adapter.scheduler.ChunkCacheAsyncScheduler",
 }
 MODEL_FREE_SPECULATION = ("ngram",)
 """Speculative methods that propose from the token ids alone (no draft layers, no KV of their own)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from vllm_ascend_chunk.metadata import ChunkSpans
+from vllm_ascend_chunk.core.metadata import ChunkSpans
 
 
 class Layout:

@@ -20,8 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_ascend_chunk import layouts
-from vllm_ascend_chunk.config_kinds import (
+from vllm_ascend_chunk.config.kinds import (
     METADATA_SCHEMES,
     MIN_SECRET_BYTES,
     Kind,
@@ -36,7 +35,8 @@ from vllm_ascend_chunk.config_kinds import (
     secret_text,
     unless_blank,
 )
-from vllm_ascend_chunk.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
+from vllm_ascend_chunk.config.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
+from vllm_ascend_chunk.core import layouts
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")

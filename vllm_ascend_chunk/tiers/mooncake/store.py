@@ -52,8 +52,9 @@ from typing import Any
 
 import torch
 
-from vllm_ascend_chunk.config import RemoteConfig
-from vllm_ascend_chunk.worker.kv_object import (
+from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.health import StoreConnection
+from vllm_ascend_chunk.tiers.mooncake.kv_object import (
     KVHeader,
     KVObjectError,
     SigningKey,
@@ -61,8 +62,7 @@ from vllm_ascend_chunk.worker.kv_object import (
     encode,
     object_size,
 )
-from vllm_ascend_chunk.worker.remote_health import StoreConnection
-from vllm_ascend_chunk.worker.remote_objects import (
+from vllm_ascend_chunk.tiers.mooncake.objects import (
     NO_SPACE,
     Fetched,
     bound_mooncake_transfers,

@@ -20,7 +20,7 @@ SCRIPT = Path("scripts") / "apply_patches.sh"
 def series_root() -> Path:
     """The folder holding `scripts/apply_patches.sh` and `patches/`: in the installed package,
     or the source checkout the package is imported from (editable install)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     for root in (package / "_series", package.parent):
         if (root / SCRIPT).is_file() and (root / "patches").is_dir():
             return root
