@@ -52,7 +52,7 @@ DENSE_MODULES = [
     "vllm.platforms.cuda",
     # this project, on top of the patched tree
     "vllm_ascend_chunk.vllm_adapter.plugin",
-    "vllm_ascend_chunk.vllm_adapter.engine_config",
+    "vllm_ascend_chunk.config.engine",
     "vllm_ascend_chunk.vllm_adapter.connector",
     "vllm_ascend_chunk.vllm_adapter.scheduler",
     "vllm_ascend_chunk.vllm_adapter.runner_hooks",

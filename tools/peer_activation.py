@@ -20,7 +20,7 @@ _refused: set[str] = set()
 
 
 def pytest_configure(config) -> None:
-    from vllm_ascend_chunk.vllm_adapter import engine_config
+    from vllm_ascend_chunk.config import engine as engine_config
 
     configure = engine_config.configure
 

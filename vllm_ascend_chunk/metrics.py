@@ -26,8 +26,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
+from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
-from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
 
 PREFIX = "vllm:chunk_cache_"
 

@@ -202,8 +202,8 @@ def test_a_document_with_no_tokens_is_dropped():
     """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
     from types import SimpleNamespace
 
+    from vllm_ascend_chunk.config.engine import CONNECTOR
     from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY, tokenize_chunked
-    from vllm_ascend_chunk.vllm_adapter.engine_config import CONNECTOR
 
     class Tokenizer:
         def encode(self, text: str, add_special_tokens: bool) -> list[int]:

@@ -365,7 +365,7 @@ def test_the_sequential_layout_refuses_a_model_without_a_vllm_rope(chunk_env):
     keys loaded without re-rotation: refused when the worker binds the model (start-up)."""
     from types import SimpleNamespace
 
-    from vllm_ascend_chunk.vllm_adapter.engine_config import LAYOUT_KEY
+    from vllm_ascend_chunk.config.engine import LAYOUT_KEY
     from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
     def worker(recorded: str | None = None) -> SimpleNamespace:

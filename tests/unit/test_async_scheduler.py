@@ -246,8 +246,8 @@ Content = tuple
 def small_pool(request, monkeypatch, models_dir: Path):
     """The engine config, with `VLLM_CHUNK_CACHE_SIZE_GB` set so that the pool has POOL_PAGES,
     in each chunk layout (and scheduling policy)."""
+    from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape
     from vllm_ascend_chunk.config.settings import get_config
-    from vllm_ascend_chunk.core.geometry import pool_geometry, pool_shape
 
     layout, policy = request.param
     monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)  # before the engine config records it

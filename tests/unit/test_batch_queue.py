@@ -111,8 +111,8 @@ def test_reset_with_a_last_token_in_flight(models_dir: Path, monkeypatch, layout
 @pytest.fixture(params=[(2, "overlap", "fcfs"), (3, "sequential", "priority")], ids=str)
 def pp_pool(request, monkeypatch, models_dir: Path):
     """(stages, engine config) with a pool of POOL_PAGES pages, per layout and policy."""
+    from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape
     from vllm_ascend_chunk.config.settings import get_config
-    from vllm_ascend_chunk.core.geometry import pool_geometry, pool_shape
 
     stages, layout, policy = request.param
     config = pp_config(models_dir, stages, policy=policy)

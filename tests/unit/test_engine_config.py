@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_ascend_chunk.config import engine as engine_config
 from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.vllm_adapter import engine_config
 
 COMMON = {
     "vocab_size": 2048,
@@ -444,7 +444,7 @@ def test_speculation_with_draft_layers_is_refused(models_dir, method):
 def test_each_pipeline_stage_keeps_the_pool_of_its_own_layers(tmp_path, models_dir):
     """A 3-layer model in two stages (vLLM splits it 2 + 1): the engine's page is sized for the
     widest stage, each worker's pool holds its stage's layers, in the same rows."""
-    from vllm_ascend_chunk.core.geometry import pool_geometry, pool_shape, stage_geometry
+    from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape, stage_geometry
 
     model = write_model(tmp_path / "three", models_dir / "tiny-llama", {**LLAMA, "num_hidden_layers": 3})
     vllm_config = engine_config_of(model, pipeline_parallel_size=2, distributed_executor_backend="mp")

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.pool import ChunkCachePool
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.ops.base import KVLoader, KVReader, Staging
 from vllm_ascend_chunk.ops.cpu import cpu_reader, cpu_writer
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, rerotate_keys
 from vllm_ascend_chunk.tiers.host.worker import HostCopies
-from vllm_ascend_chunk.worker.pool import ChunkCachePool
 
 LAYERS, HEADS, HEAD, BLOCK, BLOCKS = 2, 2, 32, 16, 6
 CPU = torch.device("cpu")

@@ -15,11 +15,11 @@ import torch
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
 from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.pool import ChunkCachePool
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, KVHeader, SigningKey, encode
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStoreStats
 from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier, ShardIdentity, object_name
-from vllm_ascend_chunk.worker.pool import ChunkCachePool
 
 RETRY_S = 0.1
 CPU = torch.device("cpu")

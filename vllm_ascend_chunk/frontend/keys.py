@@ -15,13 +15,14 @@ from typing import Any
 
 import msgspec
 
+from vllm_ascend_chunk.config.engine import engine_settings, is_active
+from vllm_ascend_chunk.config.pool_size import pool_geometry
 from vllm_ascend_chunk.config.settings import HASH_ALGORITHMS, get_config
-from vllm_ascend_chunk.core.geometry import PAGE_SIZE, PoolGeometry, pool_geometry
+from vllm_ascend_chunk.core.geometry import PAGE_SIZE, PoolGeometry
 from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
-from vllm_ascend_chunk.vllm_adapter.engine_config import engine_settings, is_active
 
 NAMESPACE = "vllm-ascend-chunk/v1"
 

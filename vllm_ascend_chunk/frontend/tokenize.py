@@ -16,11 +16,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from vllm_ascend_chunk.config.engine import is_active
 from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError, ParsedPrompt, parser_for
-from vllm_ascend_chunk.vllm_adapter.engine_config import is_active
 
 SPANS_KEY = "chunk_spans"
 """Key of the chunk structure in vLLM's prompt dicts (`TokensPrompt`, engine inputs)."""

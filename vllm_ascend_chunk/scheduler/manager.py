@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.core.paging import PagedEntry, PageIndex, pages_for
-from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
+from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.tiers.base import Fill, Tier, TierJobs
 
 if TYPE_CHECKING:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from vllm_ascend_chunk.core.layouts import Layout
 from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.core.step import ScoreSpec
 from vllm_ascend_chunk.scheduler.requests import UserRequest
 from vllm_ascend_chunk.scheduler.selection import Phase, Selection
-from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from vllm_ascend_chunk.core.paging import PagedEntry
 
 if TYPE_CHECKING:
+    from vllm_ascend_chunk.core.stats import ChunkCacheStats
     from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata, RemoteRead
 
 
@@ -80,3 +81,17 @@ class Tier(Protocol):
 
     def gauges(self) -> dict[str, float]:
         """This tier's gauges for `metrics.stats_payload`."""
+
+
+class TierOwner(Protocol):
+    """What a tier that fills entries asynchronously (`Fill.LATER`) needs of the pool index that
+    offers it keys (`scheduler.manager.ChunkCacheManager`)."""
+
+    stats: ChunkCacheStats
+    page_size: int
+
+    def add_tier(self, tier: Tier) -> None:
+        """Offer this tier the keys missing from the pool, after the tiers added before it."""
+
+    def fetched(self, entry: PagedEntry, ok: bool) -> None:
+        """A `Fill.LATER` fill of `entry` ended: resident if `ok`, else to be computed."""

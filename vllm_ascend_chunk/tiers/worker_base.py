@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from vllm_ascend_chunk.core.pool import ChunkCachePool
     from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
-    from vllm_ascend_chunk.worker.pool import ChunkCachePool
 
 
 class WorkerTier(Protocol):

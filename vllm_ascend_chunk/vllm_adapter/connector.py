@@ -33,7 +33,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiKVConnectorMetadata,
 )
 
-from vllm_ascend_chunk.core.geometry import pool_geometry, stage_geometry
+from vllm_ascend_chunk.config.engine import engine_settings
+from vllm_ascend_chunk.config.pool_size import pool_geometry, stage_geometry
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.metrics import (
     INCREMENTS,
@@ -45,7 +46,6 @@ from vllm_ascend_chunk.metrics import (
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, is_chunk_prefill
 from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
-from vllm_ascend_chunk.vllm_adapter.engine_config import engine_settings
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
 if TYPE_CHECKING:

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from vllm_ascend_chunk.config.engine import engine_settings
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.layouts import LAYOUTS
+from vllm_ascend_chunk.core.pool import ChunkCachePool
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.ops.base import Staging
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader, make_kv_reader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
 from vllm_ascend_chunk.tiers.host.worker import HostCopies
-from vllm_ascend_chunk.vllm_adapter.engine_config import engine_settings
-from vllm_ascend_chunk.worker.pool import ChunkCachePool
 from vllm_ascend_chunk.worker.scoring import QuestionScorer, score_layer_index
 
 if TYPE_CHECKING:

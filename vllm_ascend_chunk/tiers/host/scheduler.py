@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.scheduler.stats import ChunkCacheStats
+from vllm_ascend_chunk.core.paging import PagedEntry
+from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.tiers.base import Fill, TierJobs
 from vllm_ascend_chunk.tiers.host.index import HostIndex
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
-    from vllm_ascend_chunk.scheduler.manager import Entry
 
 
 class HostTier:
@@ -30,7 +30,7 @@ class HostTier:
     def hold(self, key: bytes) -> None:
         self.index.read(key)
 
-    def prepare_load(self, entry: Entry) -> Fill:
+    def prepare_load(self, entry: PagedEntry) -> Fill:
         copy = self.index.read(entry.key)
         if copy is None:
             return Fill.ABSENT
@@ -39,12 +39,12 @@ class HostTier:
         self.stats.host_bytes_read += entry.num_tokens * self.token_bytes
         return Fill.NOW
 
-    def loaded(self, entry: Entry, tokens: int, ok: bool) -> None:
+    def loaded(self, entry: PagedEntry, tokens: int, ok: bool) -> None:
         if tokens:
             self.stats.host_hits += 1
             self.stats.host_hit_tokens += tokens
 
-    def prepare_store(self, entry: Entry) -> None:
+    def prepare_store(self, entry: PagedEntry) -> None:
         if self.index.touch(entry.key):  # still there since it was copied back
             return
         copy = self.index.store(entry.key, entry.num_tokens)

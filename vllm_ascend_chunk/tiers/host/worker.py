@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.pool import ChunkCachePool
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
-from vllm_ascend_chunk.worker.pool import ChunkCachePool
 
 
 class HostCopies:

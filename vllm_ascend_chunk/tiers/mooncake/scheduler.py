@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING
 
+from vllm_ascend_chunk.core.paging import PagedEntry
 from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata, RemoteRead
-from vllm_ascend_chunk.tiers.base import Fill, TierJobs
-
-if TYPE_CHECKING:
-    from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
+from vllm_ascend_chunk.tiers.base import Fill, TierJobs, TierOwner
 
 logger = logging.getLogger("vllm.chunk_cache")
 
 
 class RemoteReads:
-    def __init__(self, manager: ChunkCacheManager, enabled: bool) -> None:
+    def __init__(self, manager: TierOwner, enabled: bool) -> None:
         """With a remote store configured (`enabled`), joins `manager`'s tiers."""
         self.manager = manager
         self.stats = manager.stats
@@ -33,7 +30,7 @@ class RemoteReads:
         """Whether missing keys are asked of the store before they are computed."""
         if enabled:
             manager.add_tier(self)
-        self.in_flight: dict[int, Entry] = {}
+        self.in_flight: dict[int, PagedEntry] = {}
         """Reads planned and not reported yet, by `RemoteRead.read_id`."""
         self._unsent: list[RemoteRead] = []
         """Reads planned for the step being built."""
@@ -48,7 +45,7 @@ class RemoteReads:
     def hold(self, key: bytes) -> None:
         pass
 
-    def prepare_load(self, entry: Entry) -> Fill:
+    def prepare_load(self, entry: PagedEntry) -> Fill:
         if not self.reachable:
             return Fill.ABSENT
         self.stats.remote_reads += 1
@@ -57,13 +54,13 @@ class RemoteReads:
         self._unsent.append(read)
         return Fill.LATER
 
-    def loaded(self, entry: Entry, tokens: int, ok: bool) -> None:
+    def loaded(self, entry: PagedEntry, tokens: int, ok: bool) -> None:
         self.stats.remote_read_failures += not ok
         if tokens:
             self.stats.remote_hits += 1
             self.stats.remote_hit_tokens += tokens
 
-    def prepare_store(self, entry: Entry) -> None:
+    def prepare_store(self, entry: PagedEntry) -> None:
         pass
 
     def take_jobs(self, jobs: TierJobs) -> None:

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 
 from vllm_ascend_chunk.core.geometry import PoolGeometry
+from vllm_ascend_chunk.core.pool import ChunkCachePool
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead
 from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, KVHeader
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
-from vllm_ascend_chunk.worker.pool import ChunkCachePool
 
 logger = logging.getLogger("vllm.chunk_cache")
 

@@ -16,15 +16,9 @@ import dataclasses
 import logging
 import os
 
+from vllm_ascend_chunk.config.pool_size import PAGES_KEY, configured_pages, pool_shape, recorded
 from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
-from vllm_ascend_chunk.core.geometry import (
-    AUTO_FRACTION,
-    PAGES_KEY,
-    auto_pool_bytes,
-    configured_pages,
-    pool_shape,
-    recorded,
-)
+from vllm_ascend_chunk.core.geometry import AUTO_FRACTION, auto_pool_bytes
 from vllm_ascend_chunk.ops.rotary import LINEAR_ROPE_TYPES
 
 logger = logging.getLogger("vllm.chunk_cache")
