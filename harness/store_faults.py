@@ -1,5 +1,5 @@
 """Faults of a shared Mooncake Store injected while a workload runs (`benchmarks/soak_tiers.py`,
-`tools/fuzz_soak.py`): the master killed and started again (its index, so every object, lost),
+`tools/fuzz/soak.py`): the master killed and started again (its index, so every object, lost),
 the store process paused, a part of about half of the objects removed (as Mooncake may evict one
 part alone), and a slow store (paused and resumed in short bursts). Each fault of a plan runs
 once a number of requests have been answered, in a thread beside the workload, and is recorded.

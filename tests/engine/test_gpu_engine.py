@@ -24,7 +24,7 @@ graph would be served unscored).
 
 The engines are sized by `kv_cache_memory_bytes` (1 GiB of paged KV cache each) and a small
 `gpu_memory_utilization`, not by profiling the free memory, so that several run at once on one GPU
-(`pytest -n 5`, as `tools/gpu_session.sh` runs them): vLLM's memory profiling asserts that no
+(`pytest -n 5`, as `tools/gpu/session.sh` runs them): vLLM's memory profiling asserts that no
 other process frees memory while it measures. The numbers go to `$CHUNK_CACHE_GPU_REPORT` (JSON)
 when it is set. `CHUNK_CACHE_GPU_ATTENTION_BACKEND` (e.g. `TRITON_ATTN`) overrides vLLM's choice of
 attention backend (FlashAttention 3 on Hopper in bf16).

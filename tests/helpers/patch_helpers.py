@@ -40,14 +40,14 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 
 def regenerates_the_committed_series(project: str, pristine: Path, edited: Path, out: Path) -> bool:
-    """Whether `tools/regen_patches.py` writes the committed `patches/<project>/` byte for byte into
+    """Whether `tools/dev/regen_patches.py` writes the committed `patches/<project>/` byte for byte into
     `out` (seeded with the committed patches: their numbering is kept)."""
     for p in series(project):
         shutil.copy2(p, out / p.name)
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "tools" / "regen_patches.py"),
+            str(REPO / "tools" / "dev" / "regen_patches.py"),
             project,
             "--pristine",
             str(pristine),

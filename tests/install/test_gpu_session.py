@@ -1,4 +1,4 @@
-"""The GPU session's plan (`tools/gpu_session.sh`, docs/gpu.md) run on the CPU as it runs on a lent
+"""The GPU session's plan (`tools/gpu/session.sh`, docs/gpu.md) run on the CPU as it runs on a lent
 GPU, call by call, so that it cannot rot between loans: a bundle in two parts carried by two calls,
 `receive prep` / `receive` / `receive install test bench`, with the CPU stand-ins of
 `GPU_SESSION_DRY_RUN=1` where CUDA is needed (the bundle checked and unpacked, not installed; the
@@ -18,9 +18,9 @@ import zipfile
 from pathlib import Path
 
 from tests.helpers import REPO
-from tools.gpu_bundle_build import ARCHIVE, compress, write_parts
+from tools.gpu.bundle_build import ARCHIVE, compress, write_parts
 
-SESSION = REPO / "tools" / "gpu_session.sh"
+SESSION = REPO / "tools" / "gpu" / "session.sh"
 PROBE = "chunk_cache_probe-0.0.1-py3-none-any.whl"
 
 

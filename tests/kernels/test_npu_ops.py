@@ -1,6 +1,6 @@
 """The NPU ops without an NPU: their layout and index logic on CPU tensors in the NPU layout (separate
 K and V caches of [blocks, 128, heads, head_size], int32 slots), with the pure-torch references
-standing in for the torch_npu calls; and `tools/npu_selfcheck.py` as far as it runs on a CPU."""
+standing in for the torch_npu calls; and `tools/deploy/npu_selfcheck.py` as far as it runs on a CPU."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO
-from tools import npu_selfcheck as selfcheck
+from tools.deploy import npu_selfcheck as selfcheck
 from vllm_ascend_chunk.ops import npu
 from vllm_ascend_chunk.ops.rotary import RotarySpec, apply_rotation_, rotation_tables
 
@@ -130,13 +130,13 @@ def test_fused_rotation_refuses_bad_shapes():
 
 
 # ---------------------------------------------------------------------------------------------
-# tools/npu_selfcheck.py without an NPU
+# tools/deploy/npu_selfcheck.py without an NPU
 
 
 def test_selfcheck_help_needs_no_torch_npu():
     assert importlib.util.find_spec("torch_npu") is None
     result = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "npu_selfcheck.py"), "--help"], capture_output=True, text=True
+        [sys.executable, str(REPO / "tools" / "deploy" / "npu_selfcheck.py"), "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--skip-generation" in result.stdout
 

@@ -1,4 +1,4 @@
-"""scripts/apply_patches.sh and tools/regen_patches.py on a scratch copy of the installed vLLM."""
+"""scripts/apply_patches.sh and tools/dev/regen_patches.py on a scratch copy of the installed vLLM."""
 
 from __future__ import annotations
 

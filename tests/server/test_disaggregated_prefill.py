@@ -1,4 +1,4 @@
-"""A prefill/decode pair (`python -m tools.pd_pair`: two `vllm serve`, vLLM's `ExampleConnector`
+"""A prefill/decode pair (`python -m tools.deploy.pd_pair`: two `vllm serve`, vLLM's `ExampleConnector`
 as `kv_producer` and `kv_consumer`, a proxy), in each layout, driven by an OpenAI client: the
 decode instance loads a chunked prompt's whole KV, documents included, from the prefill instance
 and answers as the HF reference of a single instance does; what it cannot load whole, and what
@@ -34,7 +34,7 @@ def pair(request, models_dir: Path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd")
     port = free_port()
     command = [
-        sys.executable, "-m", "tools.pd_pair", str(models_dir / "tiny-llama"), "--port", str(port),
+        sys.executable, "-m", "tools.deploy.pd_pair", str(models_dir / "tiny-llama"), "--port", str(port),
         "--storage", str(tmp / "kv"), "--log-dir", str(tmp),
         # Each instance's model worker in its engine-core process, as on one GPU or NPU (on a CPU,
         # vLLM would start a third process per instance).

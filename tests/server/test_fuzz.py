@@ -1,4 +1,4 @@
-"""A CI-sized slice of the long fuzz (`tools/fuzz_server.py`, same code): 60 random requests,
+"""A CI-sized slice of the long fuzz (`tools/fuzz/server.py`, same code): 60 random requests,
 4 in flight, on its own small-pool, short-context server. Every answer is a 200 or a 4xx with a
 message, the server stays healthy and keeps its connections, deterministic answers equal those
 given alone, and nothing stays pinned."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.helpers import server_utils
-from tools.fuzz_cases import FuzzSettings
-from tools.fuzz_report import summary
-from tools.fuzz_run import Target, fuzz, server_factory
+from tools.fuzz.cases import FuzzSettings
+from tools.fuzz.report import summary
+from tools.fuzz.run import Target, fuzz, server_factory
 
 # No `seed`: vLLM 0.23's CPU sampler kills the server on a seeded request whose prefill spans
 # steps ("CPU Generator does not use offset") and ignores seeds in batches mixed with unseeded

@@ -1,4 +1,4 @@
-"""The long fuzz with tiers and store faults (`tools/fuzz_soak.py`, the code of the committed
+"""The long fuzz with tiers and store faults (`tools/fuzz/soak.py`, the code of the committed
 10,000-request run) at a tiny scale: 60 random requests with a recovery mode each, 2 in flight,
 against a real `vllm serve` with a host tier and a real Mooncake Store (objects signed), one fault
 of each kind while they run (a part of objects removed, the store paused, a slow store, the master
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.store_faults import FAULTS
 from tests.helpers import server_utils
-from tools import fuzz_soak
+from tools.fuzz import soak as fuzz_soak
 
 ARGS = [
     "--seed", "56", "--requests", "60", "--concurrency", "2", "--tp2-fraction", "0", "--skip", "seed",

@@ -1,4 +1,4 @@
-"""The pure parts of the long fuzz with tiers (`tools/fuzz_soak.py`): the recovery mode drawn per
+"""The pure parts of the long fuzz with tiers (`tools/fuzz/soak.py`): the recovery mode drawn per
 case, the phases, the fault plan, the counter relations and the RSS trend. The run itself, at a
 tiny scale: `tests/store/test_fuzz_soak.py`."""
 
@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from harness.store_faults import FAULTS, Fault, fault_plan
-from tools.fuzz_audit import counter_relations, probe_requests, rss_trend
-from tools.fuzz_cases import RECOVERY_MODES, Case, FuzzSettings, make_cases
-from tools.fuzz_client import sse_lines
-from tools.fuzz_report import server_error_kind
-from tools.fuzz_soak import Phase, parse_faults, phases
+from tools.fuzz.audit import counter_relations, probe_requests, rss_trend
+from tools.fuzz.cases import RECOVERY_MODES, Case, FuzzSettings, make_cases
+from tools.fuzz.client import sse_lines
+from tools.fuzz.report import server_error_kind
+from tools.fuzz.soak import Phase, parse_faults, phases
 from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 
 SETTINGS = FuzzSettings(seed=3, requests=200)

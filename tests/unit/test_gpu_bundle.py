@@ -1,6 +1,6 @@
 """The offline GPU bundle without a download: the slimmed wheel's contents and RECORD
-(tools/gpu_bundle_build.py), and the committed dependency list against the CPU pins, the GPU
-image's packages and the exclusions (tools/gpu_bundle_deps.py)."""
+(tools/gpu/bundle_build.py), and the committed dependency list against the CPU pins, the GPU
+image's packages and the exclusions (tools/gpu/bundle_deps.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import io
 import zipfile
 from pathlib import Path
 
-from tools import gpu_bundle_build, gpu_bundle_deps
+from tools.gpu import bundle_build as gpu_bundle_build
+from tools.gpu import bundle_deps as gpu_bundle_deps
 
 
 def fake_wheel(path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""`tools.step_modules` (issue 39's measure) on a real test: a remote read through the coordinator,
+"""`tools.dev.step_modules` (issue 39's measure) on a real test: a remote read through the coordinator,
 step by step, enters the coordinator, the manager and the remote store's tier in its steps."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SCENARIO = (
 
 def test_the_plugin_counts_the_modules_of_each_step():
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tools.step_modules", "-p", "no:xdist",
+        [sys.executable, "-m", "pytest", "-p", "tools.dev.step_modules", "-p", "no:xdist",
          "-p", "no:cacheprovider", "-q", SCENARIO],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

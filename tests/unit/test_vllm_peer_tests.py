@@ -1,4 +1,4 @@
-"""The pure parts of `tools/vllm_peer_tests.py` (junit parsing, diffing, summary, the activation
+"""The pure parts of `tools/peer/vllm_peer_tests.py` (junit parsing, diffing, summary, the activation
 check) on synthetic reports, and the local model stand-ins; the peer suite itself takes long and
 is run by hand."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tools import vllm_peer_tests as peer
+from tools.peer import vllm_peer_tests as peer
 
 
 def junit(*cases: str) -> str:
@@ -90,7 +90,7 @@ def test_a_run_where_on_never_turned_it_on_fails(tmp_path):
 
 
 def test_the_stand_ins_are_a_hub_cache(tmp_path):
-    from tools import peer_models
+    from tools.peer import models as peer_models
 
     home = peer_models.write_cache(tmp_path)
     snapshot = home / "hub" / "models--facebook--opt-125m" / "snapshots" / peer_models.REVISION

@@ -6,7 +6,7 @@ addressed by int32 slots: ``slot = block * block_size + offset``. Rows are writt
 backend's own cache-write op, ``vllm_ascend.device.device_op.DeviceOperator.reshape_and_cache``
 (``torch_npu._npu_reshape_and_cache`` on Atlas A2/A3, ``torch_npu.npu_scatter_pa_kv_cache`` on
 A5). Every device op here has a pure-torch reference with the same contract; the tests run the
-references and all the code around the device calls on CPU, and `tools/npu_selfcheck.py`
+references and all the code around the device calls on CPU, and `tools/deploy/npu_selfcheck.py`
 compares the device ops with the references on hardware. torch_npu and vllm_ascend are imported
 only when a device op is first needed, so this module imports anywhere.
 """

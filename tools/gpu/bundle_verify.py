@@ -1,4 +1,4 @@
-"""CPU checks of the built bundle (`python -m tools.gpu_bundle verify`): the patch series
+"""CPU checks of the built bundle (`python -m tools.gpu.bundle verify`): the patch series
 applies to the slim wheel's sources, its dense-path modules import, no removed extension is
 imported unguarded, and which files still name a removed module.
 """
@@ -16,8 +16,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tools.gpu_bundle_build import REMOVED
-from tools.gpu_bundle_deps import REPO, VLLM_VERSION
+from tools.gpu.bundle_build import REMOVED
+from tools.gpu.bundle_deps import REPO, VLLM_VERSION
 
 # The modules a dense Llama/Qwen2 engine and `vllm serve` import on CUDA (with the chunk cache).
 DENSE_MODULES = [

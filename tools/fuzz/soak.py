@@ -1,9 +1,9 @@
 """The long fuzz with every tier, every recovery mode and store faults: 10,000 requests.
 
-    python -m tools.fuzz_soak --skip seed --out results/fuzz/fuzz_10k_cpu.json   # ~10,000 requests
-    python -m tools.fuzz_soak --skip seed --requests 300 --out /tmp/soak.json  # a short run
+    python -m tools.fuzz.soak --skip seed --out results/fuzz/fuzz_10k_cpu.json   # ~10,000 requests
+    python -m tools.fuzz.soak --skip seed --requests 300 --out /tmp/soak.json  # a short run
 
-The fuzz's cases (`tools/fuzz_server.py`, the same options, each case drawing a recovery mode)
+The fuzz's cases (`tools/fuzz/server.py`, the same options, each case drawing a recovery mode)
 against a `vllm serve` with its small chunk pool, a host tier (`--host-pages`) and a real
 Mooncake Store started here (master and store process on loopback, objects in parts of
 `--part-kb`, signed with a secret made for the run unless `--no-secret`), in phases: phase A at
@@ -16,13 +16,13 @@ Checked per phase, and written to one JSON (`--out`, after every phase) with a p
 servers' resident memory next to it (same name, `.png`):
 - the fuzz's checks: no 5xx, hang or dropped connection, no server death, every deterministic
   answer equal to the same request's alone on the idle server, nothing in flight or pinned once
-  idle (`tools/fuzz_run.py`);
+  idle (`tools/fuzz/run.py`);
 - counters that add up, documents looked up, no leaked pins or pages, the remote tier up again
-  (`tools/fuzz_audit.py`);
+  (`tools/fuzz/audit.py`);
 - resident memory of the server's process tree (sampled every `--rss-interval-s`) flat over the
   last half of the phase: least-squares growth under `--rss-threshold` % per 1,000 requests.
 Exit status 1 unless every check passes. A failing case is re-sent alone, on a plain fuzz
-server, with the command in its failure (`python -m tools.fuzz_server --seed S --only I`).
+server, with the command in its failure (`python -m tools.fuzz.server --seed S --only I`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from harness.machine import machine_info
 from harness.mooncake_store import STORE_BYTES, MooncakeProcs
 from harness.serve_util import MODELS, portable
 from harness.store_faults import FAULTS, FaultInjector, FaultSettings, fault_plan
-from tools.fuzz_audit import RssSampler, audit, rss_trend
-from tools.fuzz_cases import KV_BYTES_PER_TOKEN, PAGE_TOKENS, FuzzSettings
-from tools.fuzz_report import Report, summary
-from tools.fuzz_run import Target, fuzz, log, server_factory
+from tools.fuzz.audit import RssSampler, audit, rss_trend
+from tools.fuzz.cases import KV_BYTES_PER_TOKEN, PAGE_TOKENS, FuzzSettings
+from tools.fuzz.report import Report, summary
+from tools.fuzz.run import Target, fuzz, log, server_factory
 
 DEFAULT_FAULTS = "master=0.2,pause=0.35,parts=0.5,slow=0.65"
 TP2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
@@ -70,7 +70,7 @@ def phases(requests: int, tp2_fraction: float) -> list[Phase]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tools.fuzz_server import add_case_options
+    from tools.fuzz.server import add_case_options
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_options(p)
@@ -212,7 +212,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def write(args, settings: FuzzSettings, results: list[dict], wall: float, store_info: dict) -> dict:
     report = {
-        "command": portable(" ".join([Path(sys.executable).name, "-m", "tools.fuzz_soak", *sys.argv[1:]])),
+        "command": portable(" ".join([Path(sys.executable).name, "-m", "tools.fuzz.soak", *sys.argv[1:]])),
         "settings": {
             **{k: portable(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "fuzz": asdict(settings),
@@ -231,13 +231,13 @@ def write(args, settings: FuzzSettings, results: list[dict], wall: float, store_
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.fuzz_server import settings_from
+    from tools.fuzz.server import settings_from
 
     p = build_parser()
     args = p.parse_args(argv)
     settings = settings_from(p, args)
     if args.only is not None:
-        p.error("--only: re-send a case with python -m tools.fuzz_server --seed S --only I")
+        p.error("--only: re-send a case with python -m tools.fuzz.server --seed S --only I")
     fault_plan(1, parse_faults(args.faults))  # unknown kinds fail here
     args.log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="fuzz-soak-"))
     args.log_dir.mkdir(parents=True, exist_ok=True)

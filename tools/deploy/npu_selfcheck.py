@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Self-check of the Chunk Cache NPU path, for Ascend users on real hardware.
 
-    python -m tools.npu_selfcheck [--model DIR] [--dtype bfloat16] [--skip-generation]
+    python -m tools.deploy.npu_selfcheck [--model DIR] [--dtype bfloat16] [--skip-generation]
 
 1. Ops: every NPU op of `vllm_ascend_chunk.ops.npu` (the KV writer through vllm-ascend's own
    cache-write op, the fused rotary correction) and the torch rotary correction on the NPU, on
@@ -42,7 +42,7 @@ from vllm_ascend_chunk.ops.npu import (
 )
 from vllm_ascend_chunk.ops.rotary import RotarySpec, apply_rotation_, rotation_tables
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 128  # vllm-ascend's only kernel block size for GQA attention
 POISON = -4242.0  # exact in float16 and bfloat16, never produced by the inputs
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from tools.fuzz_cases import RECOVERY_MODES, Case, FuzzSettings
-from tools.fuzz_client import Outcome
+from tools.fuzz.cases import RECOVERY_MODES, Case, FuzzSettings
+from tools.fuzz.client import Outcome
 
 
 @dataclass
@@ -37,8 +37,8 @@ FAILURE_KINDS = {
     "in-flight": "requests still running or waiting with no client left",
     "leaked-pins": "chunk cache entries pinned with nothing in flight",
     "leaked-pages": "pool or host-tier entries or pages left after a cache reset with nothing in "
-    "flight (tools/fuzz_soak.py)",
-    "counters": "chunk cache counters that do not add up (tools/fuzz_soak.py)",
+    "flight (tools/fuzz/soak.py)",
+    "counters": "chunk cache counters that do not add up (tools/fuzz/soak.py)",
 }
 
 
@@ -53,7 +53,7 @@ def repro_command(settings: dict, index: int) -> str:
         args.append(f"--max-model-len {settings['max_model_len']}")
     if tuple(settings.get("recovery", RECOVERY_MODES)) != RECOVERY_MODES:
         args.append("--recovery " + ",".join(settings["recovery"]))
-    return "python -m tools.fuzz_server " + " ".join(args)
+    return "python -m tools.fuzz.server " + " ".join(args)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """How many of the package's modules a scheduler step enters (issue 39's measure), as a pytest
 plugin:
 
-    python -m pytest -p tools.step_modules -p no:xdist -q TEST_ID [TEST_ID ...]
+    python -m pytest -p tools.dev.step_modules -p no:xdist -q TEST_ID [TEST_ID ...]
 
 A step runs from one call of `ChunkCacheCoordinator.plan` to the next (the scheduler plans at the
 start of every step); each module of `vllm_ascend_chunk` with a function called in between, by
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vllm_ascend_chunk"
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_ascend_chunk"
 PLAN = (str(PACKAGE / "scheduler" / "coordinator.py"), "plan")
 
 

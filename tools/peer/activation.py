@@ -1,4 +1,4 @@
-"""A pytest plugin for the peer suite (`tools.vllm_peer_tests`): which tests configured the
+"""A pytest plugin for the peer suite (`tools.peer.vllm_peer_tests`): which tests configured the
 chunk cache on, and which it refused, so that a mode that claims "on" proves it ran.
 
 Loaded into vLLM's test session with `-p` when `CHUNK_CACHE_PEER_ACTIVATION` names the JSON file

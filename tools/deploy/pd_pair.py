@@ -1,6 +1,6 @@
 """A prefill/decode pair on one machine: two `vllm serve` instances and a proxy in front of them.
 
-    python -m tools.pd_pair MODEL [--port 8000] [--storage DIR] [--server-env NAME=VALUE]
+    python -m tools.deploy.pd_pair MODEL [--port 8000] [--storage DIR] [--server-env NAME=VALUE]
         [-- VLLM_SERVE_ARGS...]
 
 The prefill instance runs vLLM's `ExampleConnector` as `kv_producer`, the decode instance as

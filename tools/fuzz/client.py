@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tools.fuzz_cases import Case
+from tools.fuzz.cases import Case
 
 
 @dataclass

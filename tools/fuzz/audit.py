@@ -1,4 +1,4 @@
-"""The checks that end a phase of the long fuzz with tiers (`tools/fuzz_soak.py`), on the idle
+"""The checks that end a phase of the long fuzz with tiers (`tools/fuzz/soak.py`), on the idle
 server, and the resident memory of the server's processes sampled while the phase runs.
 
 - Counters that add up (`counter_relations`): relations between the `vllm:chunk_cache_*`
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import httpx
 
 from harness.rag_workload import chunked, document
-from tools.fuzz_cases import MODEL_NAME, RECOVERY_KEY
-from tools.fuzz_report import Report
-from tools.fuzz_run import Target, chunk_metrics, idle_state
+from tools.fuzz.cases import MODEL_NAME, RECOVERY_KEY
+from tools.fuzz.report import Report
+from tools.fuzz.run import Target, chunk_metrics, idle_state
 from vllm_ascend_chunk.config.recovery_modes import recovery_of
 from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 

@@ -1,5 +1,5 @@
 """Local stand-ins for the hub models that vLLM's peer tests name, so that offline the tests build
-their `ModelConfig`s and the chunk cache meets a model (`tools.vllm_peer_tests`).
+their `ModelConfig`s and the chunk cache meets a model (`tools.peer.vllm_peer_tests`).
 
 Each is a `config.json` in a Hugging Face cache folder (`HF_HOME`), as the hub would have cached
 it: the architecture and the shape of the real model (layers, heads, vocabulary, context), no

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install the offline vLLM CUDA bundle (tools/gpu_bundle.py build) on an air-gapped GPU machine
+# Install the offline vLLM CUDA bundle (tools/gpu/bundle.py build) on an air-gapped GPU machine
 # whose python3 already has torch (2.11.0+cu130), triton and transformers; then this package in
 # editable mode and the vLLM patch series. Nothing is fetched from the network.
 #
-#   tools/gpu_bundle_install.sh PARTS_DIR [VENV]
+#   tools/gpu/bundle_install.sh PARTS_DIR [VENV]
 #
 # PARTS_DIR holds vllm-cuda-bundle.tar.xz.NN and SHA256SUMS. VENV (default: <repo>/.venv-gpu) is
 # created with the target's python3 (PYTHON=...) and layered on that interpreter's site-packages
@@ -16,7 +16,7 @@
 set -euo pipefail
 
 parts=${1:?usage: gpu_bundle_install.sh PARTS_DIR [VENV]}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 venv=${2:-$repo/.venv-gpu}
 python=${PYTHON:-python3}
 work=${BUNDLE_WORK:-${TMPDIR:-/tmp}/vllm-cuda-bundle}

@@ -3,7 +3,7 @@
 # with torch 2.11.0+cu130, triton, transformers, pytest and pytest-xdist; at most 64 MiB carried
 # per call, 10 minutes per command, the machine's files kept only ~30 s between calls).
 #
-#   tools/gpu_session.sh STEP [STEP ...]      the steps in order, each timed and logged
+#   tools/gpu/session.sh STEP [STEP ...]      the steps in order, each timed and logged
 #
 # The plan (docs/gpu.md has the table with the carried parts and the expected times):
 #   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models, Triton kernel
@@ -17,7 +17,7 @@
 #   receive  copy the parts carried under .gpu-bundle/{parts,quality}/ into the store, check them
 #   prep     nvidia-smi and torch facts; the tiny models and bench-llama-1b with the image's python3;
 #            the Triton KV-load kernel tests (they need no vLLM)
-#   install  reassemble + install the bundle into .venv-gpu (tools/gpu_bundle_install.sh), patch vLLM
+#   install  reassemble + install the bundle into .venv-gpu (tools/gpu/bundle_install.sh), patch vLLM
 #   test     tests/engine/test_gpu_engine.py on five pytest workers (bf16, vLLM's defaults)
 #   bench    bench_rag --quick on bench-llama-1b, 8 x 512 documents, --floor, configurations
 #            no_cache, prefix, chunk and qattn started at once (--parallel-start)
@@ -40,7 +40,7 @@
 # them), `bench` the same benchmark on a tiny model with a short workload.
 set -uo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 [ $# -gt 0 ] || { echo "usage: gpu_session.sh receive|prep|install|test|bench|quality|explore ..." >&2; exit 2; }
 carried=${GPU_BUNDLE_CARRIED:-$repo/.gpu-bundle}
@@ -56,7 +56,7 @@ began=${GPU_SESSION_BEGAN:-$(date +%s)}
 export GPU_SESSION_BEGAN=$began
 mkdir -p "$out" "$work/logs"
 export CHUNK_CACHE_MODELS_DIR=$models PYTHONUNBUFFERED=1
-# The bundle leaves FlashInfer out (tools/gpu_bundle_deps.py): vLLM's sampler must not import it.
+# The bundle leaves FlashInfer out (tools/gpu/bundle_deps.py): vLLM's sampler must not import it.
 export VLLM_USE_FLASHINFER_SAMPLER=0
 
 # Seconds a step takes on the GPU (measured on an H200, 2026-11-27, with some margin; quality: an
@@ -131,10 +131,10 @@ prep() {
 
 do_install() {
   if [ -n "$dry" ]; then
-    BUNDLE_DRY_RUN=1 tools/gpu_bundle_install.sh "$store" "$work/venv-dry" 2>&1 | tee "$work/logs/install.log"
+    BUNDLE_DRY_RUN=1 tools/gpu/bundle_install.sh "$store" "$work/venv-dry" 2>&1 | tee "$work/logs/install.log"
     return "${PIPESTATUS[0]}"
   fi
-  tools/gpu_bundle_install.sh "$store" "$venv" 2>&1 | tee "$work/logs/install.log"
+  tools/gpu/bundle_install.sh "$store" "$venv" 2>&1 | tee "$work/logs/install.log"
   local rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || return "$rc"
   "$venv/bin/python" -m pip list --format=freeze >"$work/logs/pip-freeze.txt" 2>&1

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import httpx
 
 from harness.serve_util import VllmServer, requests_in_flight, scrape
-from tools.fuzz_cases import MODEL_NAME, Case, FuzzSettings, make_cases
-from tools.fuzz_client import Outcome, after_request, send
-from tools.fuzz_report import Report, check_outcome, check_reference, clean, server_error_kind
+from tools.fuzz.cases import MODEL_NAME, Case, FuzzSettings, make_cases
+from tools.fuzz.client import Outcome, after_request, send
+from tools.fuzz.report import Report, check_outcome, check_reference, clean, server_error_kind
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.metrics import ChunkCacheMetrics

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """vLLM's own tests as a peer suite: pristine vLLM, patched with the chunk cache off, and on.
 
-    python -m tools.vllm_peer_tests [--out DIR] [--modes pristine off on] [--groups core ...]
-    python -m tools.vllm_peer_tests --report DIR      # diff the junit files of an earlier run
+    python -m tools.peer.vllm_peer_tests [--out DIR] [--modes pristine off on] [--groups core ...]
+    python -m tools.peer.vllm_peer_tests --report DIR      # diff the junit files of an earlier run
 
 The tests of the pinned vLLM come from its PyPI sdist (downloaded once, unpacked into the user
 cache folder, `~/.cache/vllm-ascend-chunk/`); the few test-only packages they import go into a
@@ -17,9 +17,9 @@ those of the vLLM parts the patch series touches and that need no model download
   (`VLLM_CHUNK_CACHE_SIZE_GB`, `ON_POOL_GB` unless set): many tests build vLLM's `Scheduler` or a
   connector straight from a `VllmConfig`, with no engine core to size an automatic pool.
 
-Offline (the default), the hub models the tests name are local stand-ins (`tools.peer_models`:
+Offline (the default), the hub models the tests name are local stand-ins (`tools.peer.models`:
 config.json only, in an `HF_HOME` of the cache folder), so the tests that build a `ModelConfig`
-reach the chunk cache. A plugin (`tools.peer_activation`) records in which tests the chunk cache
+reach the chunk cache. A plugin (`tools.peer.activation`) records in which tests the chunk cache
 was configured on or refused; a run in which "on" turned it on nowhere, or "pristine" or "off"
 turned it on anywhere, fails (exit status 1): it would prove nothing.
 
@@ -44,9 +44,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tools import peer_activation, peer_models
+from tools.peer import activation as peer_activation
+from tools.peer import models as peer_models
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 APPLY = REPO / "scripts" / "apply_patches.sh"
 VERSION = (REPO / "patches" / "vllm" / "TARGET_VERSION").read_text().strip()
 MODES = ("pristine", "off", "on")

@@ -1,4 +1,4 @@
-"""Building the offline vLLM CUDA bundle (`python -m tools.gpu_bundle build`): the vLLM wheel
+"""Building the offline vLLM CUDA bundle (`python -m tools.gpu.bundle build`): the vLLM wheel
 slimmed (REMOVED), the dependency wheels, GNU patch, a manifest, all tarred, xz-compressed and
 split into parts with their SHA-256; and the quality inputs' parts (`quality-parts`).
 """
@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tools.gpu_bundle_deps import BUNDLE_REQS, EXCLUDED, PIP_PLATFORM, REPO, VLLM_VERSION, download_vllm, run
+from tools.gpu.bundle_deps import BUNDLE_REQS, EXCLUDED, PIP_PLATFORM, REPO, VLLM_VERSION, download_vllm, run
 
 ARCHIVE = "vllm-cuda-bundle.tar.xz"
 
@@ -167,7 +167,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"  {p.relative_to(out)}  {p.stat().st_size / 2**20:6.1f} MiB")
     print(
         f"  total {sum(p.stat().st_size for p in parts) / 2**20:.1f} MiB in {len(parts)} parts "
-        f"(+ SHA256SUMS); install on the target with tools/gpu_bundle_install.sh"
+        f"(+ SHA256SUMS); install on the target with tools/gpu/bundle_install.sh"
     )
     return 0
 
