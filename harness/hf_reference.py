@@ -1,7 +1,7 @@
 """Independent reference of the Chunk Cache semantics: HF transformers (eager attention) with an
 explicit 4D float mask and explicit position ids, greedy, no KV cache (every step recomputes).
 
-The contract (`docs/design.md`, Semantics): SYS is causal; chunk C_i attends to SYS and
+The contract (`docs/design/design.md`, Semantics): SYS is causal; chunk C_i attends to SYS and
 causally within itself; the question and generated tokens attend to everything before them.
 Positions: `overlap` puts every chunk at `s..s+len(C_i)-1` and the question at `s + max len(C_i)`.
 With no chunks this is ordinary causal decoding.

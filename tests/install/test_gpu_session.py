@@ -1,4 +1,4 @@
-"""The GPU session's plan (`tools/gpu/session.sh`, docs/gpu.md) run on the CPU as it runs on a lent
+"""The GPU session's plan (`tools/gpu/session.sh`, docs/operator/gpu.md) run on the CPU as it runs on a lent
 GPU, call by call, so that it cannot rot between loans: a bundle in two parts carried by two calls,
 `receive prep` / `receive` / `receive install test bench`, with the CPU stand-ins of
 `GPU_SESSION_DRY_RUN=1` where CUDA is needed (the bundle checked and unpacked, not installed; the

@@ -136,7 +136,9 @@ def test_fused_rotation_refuses_bad_shapes():
 def test_selfcheck_help_needs_no_torch_npu():
     assert importlib.util.find_spec("torch_npu") is None
     result = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "deploy" / "npu_selfcheck.py"), "--help"], capture_output=True, text=True
+        [sys.executable, str(REPO / "tools" / "deploy" / "npu_selfcheck.py"), "--help"],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0 and "--skip-generation" in result.stdout
 

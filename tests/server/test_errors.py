@@ -1,5 +1,5 @@
 """Bad input on a real `vllm serve`: each is a 400 that says what is wrong, or is served as
-documented (docs/limits.md), and the server answers a chunked prompt right after it
+documented (docs/user/limits.md), and the server answers a chunked prompt right after it
 on the same connection (the client never retries, so a dropped connection fails the test)."""
 
 from __future__ import annotations

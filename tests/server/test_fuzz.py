@@ -14,7 +14,7 @@ from tools.fuzz.run import Target, fuzz, server_factory
 
 # No `seed`: vLLM 0.23's CPU sampler kills the server on a seeded request whose prefill spans
 # steps ("CPU Generator does not use offset") and ignores seeds in batches mixed with unseeded
-# requests, with the chunk cache off too (docs/fuzzing.md); CPU-platform bugs, not ours.
+# requests, with the chunk cache off too (docs/results/fuzzing.md); CPU-platform bugs, not ours.
 SETTINGS = FuzzSettings(
     seed=56, requests=60, concurrency=4, timeout=server_utils.TIMEOUT, max_deaths=0, skip=("seed",)
 )

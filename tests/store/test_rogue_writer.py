@@ -4,7 +4,7 @@ an honest engine has stored five documents, it forges one's payload, replays ano
 object as a third and another model's object (same shapes) as a fourth. An engine with the
 secret serves none of them: each is rejected, computed instead and written again, signed; every
 answer equals the HF reference. (Without the secret the same engine serves all three and answers
-wrongly: docs/tiers.md.)"""
+wrongly: docs/operator/tiers.md.)"""
 
 from __future__ import annotations
 

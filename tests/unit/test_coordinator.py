@@ -620,7 +620,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule()
     def reset(self) -> None:
         """A weight update: the store is emptied with the pool (in a deployment, its objects are
-        named anew: `docs/design.md`, Tiers)."""
+        named anew: `docs/design/design.md`, Tiers)."""
         self.coord.reset()
         self.generation += 1
         self.store = {}

@@ -1,4 +1,4 @@
-"""The layouts' position rules against hand-computed positions (`docs/design.md`, Semantics)."""
+"""The layouts' position rules against hand-computed positions (`docs/design/design.md`, Semantics)."""
 
 import pytest
 

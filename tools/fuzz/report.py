@@ -28,7 +28,7 @@ FAILURE_KINDS = {
     "connection": "the connection dropped before the answer",
     "stream-error": "a stream's error event with a code other than 4xx, or no message",
     "vllm-known": "a 5xx (or the closed connection after it) of a request whose options hit a "
-    "failure of vLLM itself, with the chunk cache off too (KNOWN_VLLM_FAILURES, docs/fuzzing.md)",
+    "failure of vLLM itself, with the chunk cache off too (KNOWN_VLLM_FAILURES, docs/results/fuzzing.md)",
     "closed-connection": "the server closed the keep-alive connection after answering (the next "
     "request on it fails)",
     "server-death": "/health failed after a request (the server is restarted)",
@@ -102,7 +102,7 @@ KNOWN_VLLM_FAILURES = {
         body.get("use_beam_search") and body.get("echo") and body.get("logprobs") is not None
     ),
 }
-"""Failures of vLLM 0.23 itself that a 5xx of a request with these options is (docs/fuzzing.md:
+"""Failures of vLLM 0.23 itself that a 5xx of a request with these options is (docs/results/fuzzing.md:
 each reproduced on a server with the chunk cache off)."""
 
 

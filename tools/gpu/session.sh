@@ -5,7 +5,7 @@
 #
 #   tools/gpu/session.sh STEP [STEP ...]      the steps in order, each timed and logged
 #
-# The plan (docs/gpu.md has the table with the carried parts and the expected times):
+# The plan (docs/operator/gpu.md has the table with the carried parts and the expected times):
 #   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models, Triton kernel
 #                                        tests (H200: 47 s, + ~33 s machine start)
 #   call 2  receive                      part 01 (1 s)
@@ -21,7 +21,7 @@
 #   test     tests/engine/test_gpu_engine.py on five pytest workers (bf16, vLLM's defaults)
 #   bench    bench_rag --quick on bench-llama-1b, 8 x 512 documents, --floor, configurations
 #            no_cache, prefix, chunk and qattn started at once (--parallel-start)
-#   quality  SmolLM2-135M answer quality (needs the quality parts: docs/gpu.md)
+#   quality  SmolLM2-135M answer quality (needs the quality parts: docs/operator/gpu.md)
 #   explore  issue 35's recovery rules in their HF plans on SmolLM2-135M, fp32 on the GPU: needs
 #            the quality parts only (no bundle, no install): `receive` (GGUF part 00 and the
 #            wheels), then `receive explore` (part 01 and musique_s.json), ~9.5 minutes in all

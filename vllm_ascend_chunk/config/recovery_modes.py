@@ -1,5 +1,5 @@
 """The recovery modes' grammar (`VLLM_CHUNK_CACHE_RECOVERY`, and per request `chunk_cache_recovery`):
-`none`, `last[:K]`, `qattn:R[/M]`, `cover:TAU[/RMAX[/RMIN]]` (`docs/design.md`, Recovery)."""
+`none`, `last[:K]`, `qattn:R[/M]`, `cover:TAU[/RMAX[/RMIN]]` (`docs/design/design.md`, Recovery)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Recovery:
     fraction `select` of the document tokens the question attends to most, computed in at most
     `runs` runs (`qattn:R[/M]`), or the fewest windows that cover the fraction `cover` of the
     question's attention over the documents, between `floor` and `select` of the region
-    (`cover:TAU[/RMAX[/RMIN]]`; `docs/design.md`, Recovery)."""
+    (`cover:TAU[/RMAX[/RMIN]]`; `docs/design/design.md`, Recovery)."""
 
     docs: int = 0
     select: float = 0.0

@@ -7,7 +7,7 @@ table of README.md (Configuration, rendered by `docs_table`) all come from that 
 Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_pool_bytes`): a
 quarter of it, at least 256 MiB and at most 8 GiB, never more than half of it.
 
-The tiers (`docs/design.md`, Tiers): entries evicted from the device pool go to host memory
+The tiers (`docs/design/design.md`, Tiers): entries evicted from the device pool go to host memory
 (`HOST_GB`), and every computed entry is shared through a Mooncake Store (`REMOTE_*`), its objects
 signed with a shared secret (`REMOTE_SECRET` or `REMOTE_SECRET_FILE`) where one is set.
 """
@@ -139,7 +139,7 @@ SETTINGS = (
         "layout",
         choice(LAYOUTS),
         "sequential",
-        "the positions of the documents ([how it works](docs/how-it-works.md)); unset, a model "
+        "the positions of the documents ([how it works](docs/design/how-it-works.md)); unset, a model "
         "whose RoPE a rotation cannot move gets `overlap`",
     ),
     Variable(
@@ -149,7 +149,7 @@ SETTINGS = (
         "none",
         "the last (K) documents, or the document tokens the question attends to most (`qattn:R`; "
         "`cover:TAU`: as many as cover TAU of its attention, else every document), are computed "
-        "with the question; per request: `chunk_cache_recovery` ([prompts](docs/prompts.md))",
+        "with the question; per request: `chunk_cache_recovery` ([prompts](docs/user/prompts.md))",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_HOST_GB",
@@ -164,7 +164,7 @@ SETTINGS = (
         "max_docs",
         Kind(at_least_one, "a whole number >= 1"),
         "4096",
-        "the most documents one request may bring (more: HTTP 400) ([limits](docs/limits.md))",
+        "the most documents one request may bring (more: HTTP 400) ([limits](docs/user/limits.md))",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS",
@@ -182,7 +182,7 @@ REMOTE_SETTINGS = (
         "master",
         unless_blank(Kind(master_address, "host:port of a mooncake_master (port 1-65535)")),
         "",
-        "documents are shared through its Mooncake Store ([tiers](docs/tiers.md))",
+        "documents are shared through its Mooncake Store ([tiers](docs/operator/tiers.md))",
         shown_default="empty (off)",
     ),
     Variable(
@@ -253,7 +253,8 @@ REMOTE_SETTINGS = (
         ),
         "",
         "the secret shared by the instances of a store: every object is signed (HMAC-SHA256) and "
-        "one that does not verify is never loaded ([tiers](docs/tiers.md#who-can-change-what-you-serve))",
+        "one that does not verify is never loaded "
+        "([tiers](docs/operator/tiers.md#who-can-change-what-you-serve))",
         shown_default="empty (objects unsigned: the store is trusted)",
     ),
     Variable(
@@ -350,7 +351,7 @@ class ChunkCacheConfig:
     hash_algorithm: str = _default("hash_algorithm")
     delimiter: str = _default("delimiter")
     layout: str = _default("layout")
-    """`sequential` (the default, nearest full attention on every quality set: `docs/quality.md`)
+    """`sequential` (the default, nearest full attention on every quality set: `docs/results/quality.md`)
     or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap`
     (`engine_config`)."""
     recovery: Recovery = _default("recovery")

@@ -1,4 +1,4 @@
-"""Chunk layouts: the RoPE positions of a request's chunks and question (`docs/design.md`,
+"""Chunk layouts: the RoPE positions of a request's chunks and question (`docs/design/design.md`,
 Semantics: positions), as the scheduler and the worker need them.
 
 A cached chunk was computed right after SYS (positions `s..s+len(C_i)-1`). A layout says how the

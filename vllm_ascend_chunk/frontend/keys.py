@@ -1,4 +1,4 @@
-"""Position-free content keys of SYS and of each chunk (`docs/design.md`, Semantics: cache keys).
+"""Position-free content keys of SYS and of each chunk (`docs/design/design.md`, Semantics: cache keys).
 
 `sys_key = H(namespace, engine identity (`engine_identity`: model, revision, served name, dtypes,
 quantization, HF config and overrides, layout, page size, TP/PP sizes, LoRA, cache_salt), SYS ids)` and

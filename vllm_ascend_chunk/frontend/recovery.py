@@ -1,5 +1,5 @@
 """Recovery modes: compute part of the document region with the question, to move answers toward
-full attention at a tunable cost (`docs/design.md`, Recovery).
+full attention at a tunable cost (`docs/design/design.md`, Recovery).
 
 `last`: the last document of a request is computed with its question instead of loaded. It
 attends to SYS, to every earlier document and causally to itself; the question follows it. This

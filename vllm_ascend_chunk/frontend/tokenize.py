@@ -1,9 +1,10 @@
 """Renderer hooks: per-part tokenization of chunked text, and span checks.
 
 Called from vLLM's `BaseRenderer._tokenize_singleton_prompt[_async]` (patch
-`vllm.renderers.base`). Contract (`docs/design.md`, Semantics): SYSTEM is tokenized as vLLM tokenizes a whole
-prompt of that request (BOS with it when the request adds special tokens); each chunk and the
-QUESTION with `add_special_tokens=False`; the delimiter text produces no tokens.
+`vllm.renderers.base`). Contract (`docs/design/design.md`, Semantics): SYSTEM is tokenized as
+vLLM tokenizes a whole prompt of that request (BOS with it when the request adds special
+tokens); each chunk and the QUESTION with `add_special_tokens=False`; the delimiter text
+produces no tokens.
 
 A token-id prompt carries the structure explicitly:
 `{"prompt_token_ids": SYS + C_1 + ... + C_n + Q, "chunk_spans": {"sys_len": len(SYS),

@@ -1,5 +1,5 @@
 """The `qattn:R[/M]` recovery mode: the document tokens the question attends to most, recomputed in
-place (`docs/design.md`, Recovery).
+place (`docs/design/design.md`, Recovery).
 
 A request in this mode loads its chunks as every chunk-path request does, then runs its own
 prefill in three passes, each an ordinary chunked-prefill piece of the request (vLLM's causal

@@ -65,7 +65,7 @@ class RemoteTier:
                 "Chunk Cache remote store %s: objects are not signed, so the store is trusted: any "
                 "process that can write to it can make this instance serve K/V of its choice. Set "
                 "VLLM_CHUNK_CACHE_REMOTE_SECRET (or _SECRET_FILE) on every instance to sign and "
-                "verify them (docs/tiers.md)",
+                "verify them (docs/operator/tiers.md)",
                 store.config.master,
             )
 
