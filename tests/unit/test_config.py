@@ -1,8 +1,10 @@
+import re
+
 import pytest
 
 from tests.helpers import REPO
 from vllm_ascend_chunk.config.recovery_modes import Recovery
-from vllm_ascend_chunk.config.settings import ChunkCacheConfig, ChunkCacheConfigError, docs_table
+from vllm_ascend_chunk.config.settings import VARIABLES, ChunkCacheConfig, ChunkCacheConfigError, docs_table
 
 
 def test_defaults_match_the_design():
@@ -149,8 +151,18 @@ def test_both_secret_variables_are_refused(tmp_path):
         ChunkCacheConfig.from_env(env)
 
 
-def test_the_readme_shows_the_configuration_table():
-    """README.md's table is `docs_table()`, whole (a blank line on each side): regenerate it with
+def test_the_configuration_page_shows_the_configuration_table():
+    """docs/user/configuration.md's table is `docs_table()`, whole (a blank line on each side):
+    regenerate it with
     `python -c "from vllm_ascend_chunk.config.settings import docs_table; print(docs_table())"`."""
+    page = (REPO / "docs" / "user" / "configuration.md").read_text()
+    assert f"\n\n{docs_table()}\n\n" in page
+
+
+def test_the_readmes_short_settings_table_agrees_with_the_variables():
+    """Each row of the README's short table names a variable with its default as the full table has it."""
     readme = (REPO / "README.md").read_text()
-    assert f"\n\n{docs_table()}\n\n" in readme
+    rows = re.findall(r"^\| `(VLLM_[A-Z_]+)` \| ([^|]+) \|", readme, re.M)
+    assert len(rows) >= 5
+    defaults = {v.name: v.docs_row().split(" | ")[1] for v in VARIABLES}
+    assert {name: default.strip() for name, default in rows} == {name: defaults[name] for name, _ in rows}

@@ -2,7 +2,7 @@
 
 Every variable is a row of one table, `VARIABLES` (name, kind, default, doc): how its text is
 parsed, the error for a value it does not accept, the defaults of the config classes and the
-table of README.md (Configuration, rendered by `docs_table`) all come from that row.
+table of docs/user/configuration.md (rendered by `docs_table`) all come from that row.
 
 Unset, the pool is sized when the engine knows its KV memory (`geometry.auto_pool_bytes`): a
 quarter of it, at least 256 MiB and at most 8 GiB, never more than half of it.
@@ -139,7 +139,7 @@ SETTINGS = (
         "layout",
         choice(LAYOUTS),
         "sequential",
-        "the positions of the documents ([how it works](docs/design/how-it-works.md)); unset, a model "
+        "the positions of the documents ([how it works](../design/how-it-works.md)); unset, a model "
         "whose RoPE a rotation cannot move gets `overlap`",
     ),
     Variable(
@@ -149,7 +149,7 @@ SETTINGS = (
         "none",
         "the last (K) documents, or the document tokens the question attends to most (`qattn:R`; "
         "`cover:TAU`: as many as cover TAU of its attention, else every document), are computed "
-        "with the question; per request: `chunk_cache_recovery` ([prompts](docs/user/prompts.md))",
+        "with the question; per request: `chunk_cache_recovery` ([prompts](prompts.md))",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_HOST_GB",
@@ -164,7 +164,7 @@ SETTINGS = (
         "max_docs",
         Kind(at_least_one, "a whole number >= 1"),
         "4096",
-        "the most documents one request may bring (more: HTTP 400) ([limits](docs/user/limits.md))",
+        "the most documents one request may bring (more: HTTP 400) ([limits](limits.md))",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS",
@@ -182,7 +182,7 @@ REMOTE_SETTINGS = (
         "master",
         unless_blank(Kind(master_address, "host:port of a mooncake_master (port 1-65535)")),
         "",
-        "documents are shared through its Mooncake Store ([tiers](docs/operator/tiers.md))",
+        "documents are shared through its Mooncake Store ([tiers](../operator/tiers.md))",
         shown_default="empty (off)",
     ),
     Variable(
@@ -254,7 +254,7 @@ REMOTE_SETTINGS = (
         "",
         "the secret shared by the instances of a store: every object is signed (HMAC-SHA256) and "
         "one that does not verify is never loaded "
-        "([tiers](docs/operator/tiers.md#who-can-change-what-you-serve))",
+        "([tiers](../operator/tiers.md#who-can-change-what-you-serve))",
         shown_default="empty (objects unsigned: the store is trusted)",
     ),
     Variable(
@@ -277,7 +277,8 @@ def _default(field: str) -> Any:
 
 
 def docs_table() -> str:
-    """The configuration table as README.md shows it (`tests/unit/test_config.py` checks it)."""
+    """The configuration table as docs/user/configuration.md shows it (`tests/unit/test_config.py`
+    checks it; its links are relative to that page)."""
     return "\n".join(
         ["| variable | default | accepted: meaning |", "|---|---|---|", *(v.docs_row() for v in VARIABLES)]
     )
