@@ -230,7 +230,7 @@ def test_the_coordinator_drives_the_passes():
     make_resident(coord)
     assert coord.get_num_new_matched_tokens(request, 0) == (14, False)
     # Admitted: the load, and the scoring piece [14, 16) (the question but its last token).
-    assert coord.token_cap(request, 3, 14) == 2
+    assert coord.recompute.token_cap(request, 3, 14) == 2
     blocks = blocks_for(request)
     coord.update_state_after_alloc(request, blocks, 14)
     request.num_computed_tokens = 14
@@ -240,19 +240,19 @@ def test_the_coordinator_drives_the_passes():
     assert (spec.first, spec.region) == (14, (2, 14))
     assert spec.key_slots == [slot_of(blocks.ids, 4, t) for t in range(16)]
     request.num_computed_tokens = 16
-    coord.reposition([request])
-    assert request.num_computed_tokens == 16 and coord.token_cap(request, 1, 16) == 0  # awaiting
+    coord.recompute.reposition([request])
+    assert request.num_computed_tokens == 16 and coord.recompute.token_cap(request, 1, 16) == 0  # awaiting
     # Region 12 tokens, C_1 = 3: count 6 in windows of 3 from offset 3; the best: 6-9 and 9-12.
     scores = [0.0] * 12
     scores[7], scores[10] = 1.0, 1.0
     coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores, "other": [1.0]}))
-    coord.reposition([request])
-    assert request.num_computed_tokens == 8 and coord.token_cap(request, 100, 8) == 6  # one run
+    coord.recompute.reposition([request])
+    assert request.num_computed_tokens == 8 and coord.recompute.token_cap(request, 100, 8) == 6  # one run
     assert not coord.build_connector_meta(FakeOutput(num_scheduled_tokens={"q": 6})).scores
     assert coord.manager.stats.selections == 1 and coord.manager.stats.selected_tokens == 6
     request.num_computed_tokens = 14
-    coord.reposition([request])
-    assert request.num_computed_tokens == 14 and coord.token_cap(request, 100, 14) == 100
+    coord.recompute.reposition([request])
+    assert request.num_computed_tokens == 14 and coord.recompute.token_cap(request, 100, 14) == 100
     coord.on_preempted(request)
     assert coord.users["q"].selection.phase is Phase.SCORING
 
@@ -286,7 +286,7 @@ def test_the_coordinator_counts_coverage_and_fallbacks():
     assert coord.users["g"].selection.spans == [(5, 14), (14, 17)]
     stats = coord.manager.stats
     assert (stats.coverage, stats.cover_fallbacks) == ([1.0, 0.5], 1)
-    coord.reposition([covered, guarded])
+    coord.recompute.reposition([covered, guarded])
     assert (stats.selections, stats.selected_tokens) == (2, 2 + 9)
     payload = stats_payload(coord.manager)
     assert payload["coverage"] == [1.0, 0.5] and payload["increments"]["cover_fallbacks"] == 1
@@ -323,13 +323,32 @@ def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_e
     assert coord.users["q"].selection.spans == [(8, 9), (9, 14), (14, 17)]
     pieces = []
     for _ in range(3):
-        coord.reposition([request])
+        coord.recompute.reposition([request])
         first = request.num_computed_tokens
-        num = coord.token_cap(request, 100, first)
+        num = coord.recompute.token_cap(request, 100, first)
         pieces.append((first, num, coord.build_connector_meta(FakeOutput({"q": num})).position_shifts["q"]))
         request.num_computed_tokens = first + num
     assert pieces == [(8, 1, 3), (9, 5, 7), (14, 100, 7)]  # C_2's last token at 5 + 3 - 3, C_3 from 2
     assert coord.manager.stats.selected_tokens == 6
+
+
+def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
+    """With no `qattn`/`cover` request the scheduler's recovery calls return at once: nothing
+    capped, repositioned, run as a shadow row or scored; a selecting request turns them on until
+    it finishes."""
+    coord = coordinator(num_pages=16)
+    plain = user_request("p", [b"d0", b"d1"], sys_len=2, question_len=3)
+    coord.on_new_request(plain)
+    assert not coord.recompute.active
+    assert coord.recompute.token_cap(plain, 5, 0) == 5
+    assert coord.recompute.shadow_runs({"p": 5}, budget=100, rows=4) == []
+    coord.recompute.reposition([plain])
+    assert plain.num_computed_tokens == 0 and coord.recompute.score_specs({"p": 5}) == {}
+    request = qattn_request("q")
+    coord.on_new_request(request)
+    assert coord.recompute.active and coord.recompute.selecting == {"q"}
+    coord.request_finished(request)
+    assert not coord.recompute.active
 
 
 def test_a_shadow_run_has_its_own_position_shift(chunk_env):
@@ -348,15 +367,15 @@ def test_a_shadow_run_has_its_own_position_shift(chunk_env):
     scores = [0.0] * 12
     scores[7], scores[10] = 1.0, 1.0
     coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores}))
-    coord.reposition([request])
-    assert request.num_computed_tokens == 8 and coord.token_cap(request, 100, 8) == 1
-    assert coord.shadow_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
-    (shadow,) = coord.shadow_runs({"q": 1}, budget=100, rows=4)
+    coord.recompute.reposition([request])
+    assert request.num_computed_tokens == 8 and coord.recompute.token_cap(request, 100, 8) == 1
+    assert coord.recompute.shadow_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
+    (shadow,) = coord.recompute.shadow_runs({"q": 1}, budget=100, rows=4)
     assert (shadow.request_id, shadow.parent, shadow.start, shadow.end) == ("q#run9", request, 9, 14)
     meta = coord.build_connector_meta(FakeOutput({"q": 1, "q#run9": 5}))
     assert meta.position_shifts == {"q": 3, "q#run9": 7} and not meta.scores
     request.num_computed_tokens = 9
-    coord.reposition([request])
+    coord.recompute.reposition([request])
     assert request.num_computed_tokens == 14 and coord.users["q"].selection.phase is Phase.DONE
     assert coord.build_connector_meta(FakeOutput({"q": 3})).position_shifts == {"q": 7}
 
@@ -426,7 +445,7 @@ def test_a_qattn_request_is_never_loaded_by_another_connector():
     assert coord.private("q")
     with pytest.raises(AssertionError, match="served here"):
         coord.load_elsewhere(request, 17)
-    assert coord.users["q"].selection.phase is Phase.SCORING and coord.token_cap(request, 3, 14) == 2
+    assert coord.users["q"].selection.phase is Phase.SCORING and coord.recompute.token_cap(request, 3, 14) == 2
 
 
 def test_the_keys_are_read_from_the_blocks_of_a_resumed_request():

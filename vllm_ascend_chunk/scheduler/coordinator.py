@@ -47,7 +47,6 @@ vLLM's hooks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
@@ -57,7 +56,7 @@ from vllm_ascend_chunk.core.paging import slot_of
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, ChunkPrefills
-from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner, ShadowRun
+from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner
 from vllm_ascend_chunk.scheduler.requests import UserRequest, UserStatus
 from vllm_ascend_chunk.scheduler.step_builder import StepBuilder
 from vllm_ascend_chunk.tiers.host.scheduler import HostTier
@@ -177,7 +176,7 @@ class ChunkCacheCoordinator:
             return
         private = info.recovers or bool(request.cache_salt)
         user = self.users[request.request_id] = UserRequest(request=request, info=info, private=private)
-        user.selection = self.recompute.selection_for(info)
+        self.recompute.attach(user)
         if info.cover and info.recovered:  # a question `cover` cannot score: every document computed
             self.manager.stats.cover_fallbacks += 1
         if user.selection is not None:
@@ -244,7 +243,7 @@ class ChunkCacheCoordinator:
         meta = self._step.build(
             self.chunk_prefills.saves(pieces, scheduled, self.has_remote),
             self.manager.take_jobs(),
-            shifts,
+            {**shifts, **self.recompute.take_shifts()},
             self.recompute.score_specs(scheduled),
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
@@ -252,21 +251,6 @@ class ChunkCacheCoordinator:
             self._to_loaded(user)
         self._step = StepBuilder()
         return meta
-
-    def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
-        """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on."""
-        return self.recompute.token_cap(request, num_new_tokens, num_computed_tokens)
-
-    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
-        """After vLLM scheduled this step: the `qattn` runs computed in it as rows of their own."""
-        shadows = self.recompute.shadow_runs(num_scheduled_tokens, budget, rows)
-        for shadow in shadows:
-            self._step.shadow(shadow)
-        return shadows
-
-    def reposition(self, running: Sequence[Request]) -> None:
-        """Start of a schedule: move running `qattn` requests to the span they compute next."""
-        self.recompute.reposition(running)
 
     def update_connector_output(self, report: ChunkCacheWorkerMetadata | None) -> None:
         """The workers' report of a step: for the tiers (fills ended; the remote store's state
@@ -316,6 +300,7 @@ class ChunkCacheCoordinator:
             self._prefill_finished(prefill, request)
         user = self.users.pop(request.request_id, None)
         if user is not None:
+            self.recompute.detach(request.request_id)
             self._unplan(user)
 
     def _prefill_finished(self, prefill: ChunkPrefill, request: Request) -> None:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.core.layouts import Layout
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.core.paging import slot_of
 from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.core.step import ScoreSpec
@@ -38,6 +37,9 @@ class ShadowRun:
 
 
 class RecomputePlanner:
+    """The whole recovery path of the scheduler side: vLLM's scheduler asks it directly
+    (`vllm_adapter.scheduler`); with no request selecting, every call returns at once."""
+
     def __init__(
         self, users: dict[str, UserRequest], layout: Layout, block_size: int, stats: ChunkCacheStats
     ) -> None:
@@ -46,17 +48,39 @@ class RecomputePlanner:
         self.layout = layout
         self.block_size = block_size
         self.stats = stats
+        self.selecting: set[str] = set()
+        """The requests with a selection (`attach`, until `detach`)."""
+        self._shifts: dict[str, int] = {}
+        """The position shifts of the step's shadow runs (`take_shifts`)."""
 
-    def selection_for(self, info: ChunkCacheInfo) -> Selection | None:
-        """The `qattn` (or `cover`) passes of a request, if it may recompute anything in place."""
+    @property
+    def active(self) -> bool:
+        """Some request recomputes in place: the scheduler's recovery calls have work."""
+        return bool(self.selecting)
+
+    def attach(self, user: UserRequest) -> None:
+        """A new chunk-path request: its `qattn` (or `cover`) passes, if it may recompute
+        anything in place."""
+        info = user.info
         if not (info.select or info.cover):
-            return None
+            return
         cuts = self.layout.shift_bounds(info)
-        return Selection.for_spans(info, info.select, info.select_runs, cuts, info.cover, info.cover_floor)
+        user.selection = Selection.for_spans(
+            info, info.select, info.select_runs, cuts, info.cover, info.cover_floor
+        )
+        self.selecting.add(user.request.request_id)
+
+    def detach(self, request_id: str) -> None:
+        """The request is finished: nothing of it is planned again."""
+        self.selecting.discard(request_id)
 
     def _selecting(self, request_id: str) -> UserRequest | None:
-        user = self.users.get(request_id)
-        return user if user is not None and user.selection is not None else None
+        return self.users.get(request_id) if request_id in self.selecting else None
+
+    def take_shifts(self) -> dict[str, int]:
+        """The position shifts of the shadow runs handed out since the last step was built."""
+        shifts, self._shifts = self._shifts, {}
+        return shifts
 
     def track_blocks(self, scheduler_output) -> None:
         """Records the blocks the step's scheduler output gives requests with a selection (their
@@ -73,6 +97,8 @@ class RecomputePlanner:
     def score_specs(self, num_scheduled_tokens: dict[str, int]) -> dict[str, ScoreSpec]:
         """The question pieces the workers score this step."""
         specs = {}
+        if not self.selecting:
+            return specs
         for rid, num in num_scheduled_tokens.items():
             if (user := self._selecting(rid)) is None:
                 continue
@@ -84,8 +110,9 @@ class RecomputePlanner:
         return specs
 
     def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
-        """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on."""
-        if (user := self._selecting(request.request_id)) is None:
+        """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on
+        (patch `vllm.v1.core.sched.scheduler`, through `scheduler_hooks.cap_new_tokens`)."""
+        if not self.selecting or (user := self._selecting(request.request_id)) is None:
             return num_new_tokens
         return user.selection.cap(num_computed_tokens, num_new_tokens)
 
@@ -93,18 +120,23 @@ class RecomputePlanner:
         """After vLLM scheduled this step: the further runs of `qattn` requests that are computed
         in it as rows of their own (`Selection.take`), within `budget` tokens and `rows` rows."""
         shadows = []
+        if not self.selecting:
+            return shadows
         for rid, num in list(num_scheduled_tokens.items()):
             if (user := self._selecting(rid)) is None:
                 continue
             for start, end in user.selection.take(user.request.num_computed_tokens + num, budget, rows):
                 shift = self.layout.shift_at(user.info, start)
                 shadows.append(ShadowRun(f"{rid}#run{start}", user.request, start, end, shift))
+                self._shifts[shadows[-1].request_id] = shift
                 self.stats.batched_runs += 1
                 budget, rows = budget - (end - start), rows - 1
         return shadows
 
     def reposition(self, running: Sequence[Request]) -> None:
         """Start of a schedule: move running `qattn` requests to the span they compute next."""
+        if not self.selecting:
+            return
         for request in running:
             if (user := self._selecting(request.request_id)) is None:
                 continue

@@ -1,5 +1,5 @@
 """The step being built: what the scheduler's hooks decided during one `schedule()` (loads of
-admitted requests, shadow runs' position shifts), completed into the step's
+admitted requests), completed into the step's
 `ChunkCacheStepMetadata` with the saves, tier jobs (host copies, remote reads) and scores of that
 step. The only writer of step metadata."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ScoreSpec
 from vllm_ascend_chunk.scheduler.prefills import Saves
-from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
 from vllm_ascend_chunk.scheduler.requests import UserRequest
 from vllm_ascend_chunk.tiers.base import TierJobs
 
@@ -26,19 +25,17 @@ class StepBuilder:
         if deltas is not None:
             self.meta.load_deltas += deltas
 
-    def shadow(self, run: ShadowRun) -> None:
-        self.meta.position_shifts[run.request_id] = run.shift
-
     def build(
         self, saves: Saves, jobs: TierJobs, shifts: dict[str, int], scores: dict[str, ScoreSpec]
     ) -> ChunkCacheStepMetadata:
         """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`,
-        the position `shifts` of its scheduled chunk-path requests and the `scores` to take."""
+        the position `shifts` of its scheduled chunk-path requests and shadow runs and the `scores`
+        to take."""
         meta = self.meta
         meta.save_rows, meta.save_slots, meta.remote_writes = saves.rows, saves.slots, saves.writes
         meta.host_write_from, meta.host_write_to = jobs.write_from, jobs.write_to
         meta.host_read_from, meta.host_read_to = jobs.read_from, jobs.read_to
         meta.remote_reads = jobs.remote_reads
-        meta.position_shifts = {**shifts, **meta.position_shifts}
+        meta.position_shifts = shifts
         meta.scores = scores
         return meta

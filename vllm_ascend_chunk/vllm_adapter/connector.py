@@ -45,7 +45,6 @@ from vllm_ascend_chunk.metrics import (
 )
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, is_chunk_prefill
-from vllm_ascend_chunk.scheduler.recompute_plan import ShadowRun
 from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
 if TYPE_CHECKING:
@@ -123,18 +122,6 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def take_prefill_ids_to_hide(self) -> set[str]:
         """Request ids whose outputs must not reach clients: chunk prefills running or just ended."""
         return self.coordinator.take_prefill_ids_to_hide()
-
-    def reposition(self, running: list[Request]) -> None:
-        """Before a step is scheduled: `qattn` requests move to the span they compute next."""
-        self.coordinator.reposition(running)
-
-    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
-        """After a step is scheduled: `qattn` runs it also computes as rows of their own."""
-        return self.coordinator.shadow_runs(num_scheduled_tokens, budget, rows)
-
-    def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
-        """How many of `num_new_tokens` `request` may compute from `num_computed_tokens` on."""
-        return self.coordinator.token_cap(request, num_new_tokens, num_computed_tokens)
 
     def on_preempted(self, request: Request) -> None:
         """vLLM's scheduler preempted `request` (it lost its blocks, and with them any loaded chunks)."""

@@ -42,6 +42,8 @@ class _ChunkCacheSchedulerMixin:
         chunk_connector = chunk_connector_of(self.connector)
         assert chunk_connector is not None, "engine_config.configure sets the chunk cache's connector"
         self.chunk_connector = chunk_connector
+        self.recovery = chunk_connector.coordinator.recompute
+        """The recovery path (`qattn`, `cover`), asked directly: idle unless a request selects."""
         hash_block_size = kwargs.get("hash_block_size") or self.block_size
         self._prefill_block_hasher = get_request_block_hasher(
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
@@ -54,12 +56,12 @@ class _ChunkCacheSchedulerMixin:
     def schedule(self):
         for prefill in self.chunk_connector.plan():
             self.add_request(self._prefill_request(prefill))
-        self.chunk_connector.reposition(self.running)
+        self.recovery.reposition(self.running)
         return super().schedule()
 
     def _build_kv_connector_meta(self, connector, scheduler_output):
         """vLLM's, once the `qattn` runs this step also computes are in the output."""
-        self._shadow_rows.add(scheduler_output, self.chunk_connector, self)
+        self._shadow_rows.add(scheduler_output, self.recovery, self)
         return super()._build_kv_connector_meta(connector, scheduler_output)
 
     def _update_after_schedule(self, scheduler_output) -> None:
@@ -72,7 +74,7 @@ class _ChunkCacheSchedulerMixin:
 
     def chunk_token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """Tokens `request` may compute this step (`scheduler_hooks.cap_new_tokens`)."""
-        return self.chunk_connector.token_cap(request, num_new_tokens, num_computed_tokens)
+        return self.recovery.token_cap(request, num_new_tokens, num_computed_tokens)
 
     def _prefill_request(self, prefill: ChunkPrefill) -> Request:
         """A prefill-only request computing `SYS + C_i` exactly (never reads the prefix cache)."""

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
-    from vllm_ascend_chunk.vllm_adapter.connector import ChunkCacheConnector
+    from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner
 
 
 class ShadowRows:
@@ -27,14 +27,14 @@ class ShadowRows:
         self._make_request = make_request
         self._ids: set[str] = set()
 
-    def add(self, out: SchedulerOutput, connector: ChunkCacheConnector, scheduler) -> None:
-        """Each run `connector.shadow_runs` hands out, as a new request of this step: the parent's
+    def add(self, out: SchedulerOutput, recovery: RecomputePlanner, scheduler) -> None:
+        """Each run `recovery.shadow_runs` hands out, as a new request of this step: the parent's
         tokens and blocks, the run's tokens scheduled (a partial prefill)."""
-        if not self.enabled:
+        if not (self.enabled and recovery.active):
             return
         budget = scheduler.max_num_scheduled_tokens - out.total_num_scheduled_tokens
         rows = scheduler.max_num_running_reqs - len(out.num_scheduled_tokens)
-        for shadow in connector.shadow_runs(out.num_scheduled_tokens, budget, rows):
+        for shadow in recovery.shadow_runs(out.num_scheduled_tokens, budget, rows):
             request = self._make_request(shadow.request_id, shadow.parent.prompt_token_ids, shadow.parent)
             request.num_computed_tokens = shadow.start
             block_ids = scheduler.kv_cache_manager.get_block_ids(shadow.parent.request_id)
