@@ -113,9 +113,9 @@ def test_the_passes_of_one_request():
     sel = Selection.for_spans(SPANS, 0.3, 2)  # count round(4.5) = 4, windows of 2
     assert (sel.count, sel.first, sel.score_end) == (4, 4, 21)
     assert sel.cap(18, 100) == 3 and sel.cap(18, 2) == 2  # scoring stops before the last token
-    assert sel.scheduled(18, 2) and sel.phase is Phase.SCORING  # a chunked-prefill piece
-    assert sel.scheduled(20, 1) and sel.phase is Phase.AWAITING and sel.cap(21, 1) == 0
-    assert sel.reposition(21) is None  # nothing until every piece is reported
+    assert sel.record_scheduled(18, 2) and sel.phase is Phase.SCORING  # a chunked-prefill piece
+    assert sel.record_scheduled(20, 1) and sel.phase is Phase.AWAITING and sel.cap(21, 1) == 0
+    assert sel.advance(21) is None  # nothing until every piece is reported
     region = [0.0] * 15
     region[9], region[12] = 1.0, 2.0  # windows from offset 4: [8, 10) and [12, 14)
     sel.reported(region)
@@ -123,34 +123,34 @@ def test_the_passes_of_one_request():
     sel.reported([0.0] * 8 + [0.5] + [0.0] * 6)  # the second piece's sums add up
     assert sel.phase is Phase.RUNS and sel.spans == [(3 + 8, 3 + 10), (3 + 12, 3 + 14), (18, 22)]
     assert sel.recomputed == 4
-    assert sel.reposition(21) == 11 and sel.cap(11, 100) == 2 and sel.cap(11, 1) == 1
-    assert sel.reposition(12) is None  # half the run scheduled: continue
-    assert sel.reposition(13) == 15 and sel.phase is Phase.RUNS
-    assert sel.reposition(17) == 18 and sel.phase is Phase.DONE  # the question again
-    assert sel.cap(18, 100) == 100 and not sel.scheduled(18, 4) and sel.reposition(22) is None
+    assert sel.advance(21) == 11 and sel.cap(11, 100) == 2 and sel.cap(11, 1) == 1
+    assert sel.advance(12) is None  # half the run scheduled: continue
+    assert sel.advance(13) == 15 and sel.phase is Phase.RUNS
+    assert sel.advance(17) == 18 and sel.phase is Phase.DONE  # the question again
+    assert sel.cap(18, 100) == 100 and not sel.record_scheduled(18, 4) and sel.advance(22) is None
 
 
 def test_later_runs_are_taken_as_rows_of_their_own_when_the_current_one_completes():
     def selected() -> Selection:
         sel = Selection.for_spans(SPANS, 0.4, 4)  # count 6 in windows of 2 from offset 4
-        sel.scheduled(18, 3)
+        sel.record_scheduled(18, 3)
         sel.reported([0.0] * 4 + [1.0, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0])
         return sel
 
     sel = selected()
     assert sel.spans == [(7, 9), (11, 13), (15, 17), (18, 22)]
-    assert sel.take(9, 100, 8) == []  # before `reposition`: no run is the request's yet
-    assert sel.reposition(21) == 7
+    assert sel.take(9, 100, 8) == []  # before `advance`: no run is the request's yet
+    assert sel.advance(21) == 7
     assert sel.take(8, 100, 8) == []  # the request's piece stops inside its run
     assert sel.take(9, 1, 8) == []  # the next run (2 tokens) does not fit
-    assert sel.take(9, 3, 8) == [(11, 13)] and sel.reposition(9) == 15  # the one after is next
-    assert sel.take(17, 100, 8) == [] and sel.reposition(17) == 18 and sel.phase is Phase.DONE
+    assert sel.take(9, 3, 8) == [(11, 13)] and sel.advance(9) == 15  # the one after is next
+    assert sel.take(17, 100, 8) == [] and sel.advance(17) == 18 and sel.phase is Phase.DONE
     sel = selected()
-    assert sel.reposition(21) == 7 and sel.take(9, 100, 1) == [(11, 13)]  # one row left
+    assert sel.advance(21) == 7 and sel.take(9, 100, 1) == [(11, 13)]  # one row left
     sel = selected()
-    sel.reposition(21)
+    sel.advance(21)
     # Every run but the question's pass: the question is always the request's own piece.
-    assert sel.take(9, 100, 8) == [(11, 13), (15, 17)] and sel.reposition(9) == 18
+    assert sel.take(9, 100, 8) == [(11, 13), (15, 17)] and sel.advance(9) == 18
     assert sel.phase is Phase.DONE
     sel.restart()
     assert (sel.cursor, sel.taken) == (-1, -1)
@@ -158,15 +158,15 @@ def test_later_runs_are_taken_as_rows_of_their_own_when_the_current_one_complete
 
 def test_an_unscored_piece_serves_plain_reuse():
     sel = Selection.for_spans(SPANS, 0.3, 2)
-    sel.scheduled(18, 3)
+    sel.record_scheduled(18, 3)
     sel.reported(None)
-    assert sel.phase is Phase.DONE and sel.reposition(21) is None and sel.cap(21, 1) == 1
+    assert sel.phase is Phase.DONE and sel.advance(21) is None and sel.cap(21, 1) == 1
 
 
 def scored_cover(fraction: float, target: float, scores: list[float] | None) -> Selection:
     """A `cover` selection of SPANS (region 15, C_1 4) after its one scoring piece."""
     sel = Selection.for_spans(SPANS, fraction, 2, target=target)
-    sel.scheduled(18, 3)
+    sel.record_scheduled(18, 3)
     sel.reported(scores)
     return sel
 
@@ -181,7 +181,7 @@ def test_the_passes_of_a_cover_request():
     assert sel.cover.coverage == pytest.approx(10 / 15) and sel.recomputed == 11
     sel = scored_cover(0.4, 0.25, [1.0] * 15)  # C_1 covers 4 of 15: plain reuse, scores kept
     assert sel.phase is Phase.DONE and sel.spans == [] and not sel.fell_back
-    assert sel.cover.coverage == pytest.approx(4 / 15) and sel.reposition(21) is None
+    assert sel.cover.coverage == pytest.approx(4 / 15) and sel.advance(21) is None
 
 
 def test_an_unscored_cover_request_computes_every_document():
@@ -196,7 +196,7 @@ def test_an_unscored_cover_request_computes_every_document():
 
 def test_restart_after_preemption():
     sel = Selection.for_spans(SPANS, 0.3, 2)
-    sel.scheduled(18, 3)
+    sel.record_scheduled(18, 3)
     sel.reported([1.0] * 15)
     assert sel.phase is Phase.RUNS
     sel.restart()
@@ -343,7 +343,7 @@ def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
     assert coord.recompute.token_cap(plain, 5, 0) == 5
     assert coord.recompute.shadow_runs({"p": 5}, budget=100, rows=4) == []
     coord.recompute.reposition([plain])
-    assert plain.num_computed_tokens == 0 and coord.recompute.score_specs({"p": 5}) == {}
+    assert plain.num_computed_tokens == 0 and coord.recompute.take_score_specs({"p": 5}) == {}
     request = qattn_request("q")
     coord.on_new_request(request)
     assert coord.recompute.active and coord.recompute.selecting == {"q"}
@@ -445,7 +445,9 @@ def test_a_qattn_request_is_never_loaded_by_another_connector():
     assert coord.private("q")
     with pytest.raises(AssertionError, match="served here"):
         coord.load_elsewhere(request, 17)
-    assert coord.users["q"].selection.phase is Phase.SCORING and coord.recompute.token_cap(request, 3, 14) == 2
+    assert (
+        coord.users["q"].selection.phase is Phase.SCORING and coord.recompute.token_cap(request, 3, 14) == 2
+    )
 
 
 def test_the_keys_are_read_from_the_blocks_of_a_resumed_request():

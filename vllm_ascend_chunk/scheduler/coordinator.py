@@ -244,7 +244,7 @@ class ChunkCacheCoordinator:
             self.chunk_prefills.saves(pieces, scheduled, self.has_remote),
             self.manager.take_jobs(),
             {**shifts, **self.recompute.take_shifts()},
-            self.recompute.score_specs(scheduled),
+            self.recompute.take_score_specs(scheduled),
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
         for user in self._step.loaded:

@@ -94,7 +94,7 @@ class RecomputePlanner:
             else:
                 user.block_ids += new_blocks[0]
 
-    def score_specs(self, num_scheduled_tokens: dict[str, int]) -> dict[str, ScoreSpec]:
+    def take_score_specs(self, num_scheduled_tokens: dict[str, int]) -> dict[str, ScoreSpec]:
         """The question pieces the workers score this step."""
         specs = {}
         if not self.selecting:
@@ -103,7 +103,7 @@ class RecomputePlanner:
             if (user := self._selecting(rid)) is None:
                 continue
             first = user.request.num_computed_tokens
-            if user.selection.scheduled(first, num):
+            if user.selection.record_scheduled(first, num):
                 slots = [slot_of(user.block_ids, self.block_size, t) for t in range(first + num)]
                 region = (user.info.sys_len, user.info.question_start)
                 specs[rid] = ScoreSpec(first=first, key_slots=slots, region=region)
@@ -140,7 +140,7 @@ class RecomputePlanner:
         for request in running:
             if (user := self._selecting(request.request_id)) is None:
                 continue
-            start = user.selection.reposition(request.num_computed_tokens)
+            start = user.selection.advance(request.num_computed_tokens)
             if start is not None:
                 request.num_computed_tokens = start
                 if user.selection.cursor == 0:

@@ -211,13 +211,13 @@ class Selection:
         """Tokens the request may compute from `num_computed` on (`num_new` asked)."""
         if self.phase is Phase.SCORING:
             end = self.score_end
-        elif self.phase is Phase.RUNS:  # (cursor -1: selected since `reposition` last ran)
+        elif self.phase is Phase.RUNS:  # (cursor -1: selected since `advance` last ran)
             end = self.spans[self.cursor][1] if self.cursor >= 0 else num_computed
         else:
             return 0 if self.phase is Phase.AWAITING else num_new
         return max(0, min(num_new, end - num_computed))
 
-    def scheduled(self, first: int, num: int) -> bool:
+    def record_scheduled(self, first: int, num: int) -> bool:
         """A piece `[first, first + num)` was scheduled; True if the workers must score it."""
         if self.phase is not Phase.SCORING:
             return False
@@ -264,7 +264,7 @@ class Selection:
         self.spans.append((self.question_start, self.num_tokens))
         self.phase = Phase.RUNS
 
-    def reposition(self, num_computed: int) -> int | None:
+    def advance(self, num_computed: int) -> int | None:
         """At the start of a schedule: the computed-token count the request moves to, if any (the
         first run's start, or the next span's once the current one is scheduled to its end)."""
         if self.phase is not Phase.RUNS:
