@@ -151,7 +151,7 @@ def test_runner_hook_follows_the_slot_mapping(scratch: Path):
     slot_mapping = max(c.lineno for c in calls if c.func.attr == "compute_slot_mapping")
     (hook,) = [c for c in calls if c.func.attr == "prepare_step"]
     assert ast.unparse(hook) == (
-        "chunk_worker_hooks.prepare_step(self, scheduler_output, num_reqs, total_num_scheduled_tokens)"
+        "chunk_hooks.prepare_step(self, scheduler_output, num_reqs, total_num_scheduled_tokens)"
     )
     assert hook.lineno > slot_mapping
 

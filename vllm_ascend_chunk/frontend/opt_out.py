@@ -35,6 +35,11 @@ def from_extra(extra: Mapping[str, Any] | None) -> bool:
     return parse(extra[KEY]) if extra and KEY in extra else True
 
 
+def take(kwargs: dict[str, Any], default: bool) -> bool:
+    """The choice the tokenization kwargs carry, taken out of them (absent: `default`)."""
+    return parse(kwargs.pop(KEY, default))
+
+
 def tokenization_kwargs(kwargs: dict[str, Any] | None, params: object) -> dict[str, Any] | None:
     """Offline: the tokenization kwargs of one request, with the choice of its `extra_args`."""
     extra = getattr(params, "extra_args", None)

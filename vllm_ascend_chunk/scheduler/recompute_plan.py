@@ -111,7 +111,7 @@ class RecomputePlanner:
 
     def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """How many of `num_new_tokens` the request may compute from `num_computed_tokens` on
-        (patch `vllm.v1.core.sched.scheduler`, through `scheduler_hooks.cap_new_tokens`)."""
+        (patch `vllm.v1.core.sched.scheduler`, through `hooks.cap_new_tokens`)."""
         if not self.selecting or (user := self._selecting(request.request_id)) is None:
             return num_new_tokens
         return user.selection.cap(num_computed_tokens, num_new_tokens)

@@ -73,7 +73,7 @@ class _ChunkCacheSchedulerMixin:
         self.finished_req_ids |= shadows.keys()
 
     def chunk_token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
-        """Tokens `request` may compute this step (`scheduler_hooks.cap_new_tokens`)."""
+        """Tokens `request` may compute this step (`hooks.cap_new_tokens`)."""
         return self.recovery.token_cap(request, num_new_tokens, num_computed_tokens)
 
     def _prefill_request(self, prefill: ChunkPrefill) -> Request:
