@@ -39,9 +39,13 @@ def test_a_burst_of_reads_is_queued_not_timed_out(
     mooncake: MooncakeProcs, remote_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """400 gets of an 8 MiB object at once, for longer than the read timeout: each read's
-    deadline counts from its start, so all of them hit; no thread per get; the store stays up
-    (before: 200 gets with a 1 s timeout gave 58 hits, 142 timeouts counted as store errors, ~200
-    timer threads, the store declared down)."""
+    deadline counts from its start, so reads that end later than the timeout after the burst was
+    submitted still hit; no thread per get; a read that does time out is counted as a timeout,
+    never as a store error; the store stays up (before: 200 gets with a 1 s timeout gave 58 hits,
+    142 timeouts counted as store errors, ~200 timer threads, the store declared down).
+
+    It asserts what the design guarantees, not a wall-clock outcome: under load a single read
+    may still pass its own timeout (3 of 400 did in one CI run), and that is a timeout."""
     # The store bounds Mooncake's TCP transfers by a second more than its timeout, unless they are
     # bounded already: an earlier store of this process set 2 s, and with a 3 s timeout, 1 of
     # 400 reads of a CI-like run stalled past a transfer bound of 1 s and failed as an error.
@@ -57,16 +61,22 @@ def test_a_burst_of_reads_is_queued_not_timed_out(
     start = time.monotonic()
     futures = [store.get("burst", h) for _ in range(BURST_READS)]
     extra_threads = threading.active_count() - threads
-    hits = 0
+    hits = late_hits = 0
     while futures:  # each result checked and dropped as it comes (400 x 8 MiB held would be 3.2 GiB)
         result = futures.pop(0).result(timeout=240)
-        hits += result is not None and torch.equal(result, kv)
+        hit = result is not None
+        assert not hit or torch.equal(result, kv)
+        hits += hit
+        late_hits += hit and time.monotonic() - start > BURST_TIMEOUT_S
     elapsed = time.monotonic() - start
-    print(f"{hits} hits in {elapsed:.1f} s; {extra_threads} extra threads; {store.stats()}")
+    stats = store.stats()
+    print(f"{hits} hits ({late_hits} after the timeout) in {elapsed:.1f} s; {extra_threads} extra threads")
+    print(stats)
     assert extra_threads <= 2
     assert elapsed > BURST_TIMEOUT_S, "the burst must outlast the timeout, or it shows nothing"
-    assert hits == BURST_READS
-    assert store.up and store.stats().errors == 0 and store.stats().hits == BURST_READS
+    assert late_hits > 0, "a read queued past the timeout is not timed out by its wait in the queue"
+    assert stats.hits == hits and stats.timeouts == BURST_READS - hits
+    assert store.up and stats.errors == 0
 
 
 def test_reads_given_up_by_the_caller_do_not_transfer(
