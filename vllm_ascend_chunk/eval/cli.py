@@ -83,10 +83,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Progress:
     """A progress bar with an ETA on a terminal; a line per sample elsewhere."""
 
-    def __init__(self, total: int, done: int, stream=sys.stderr):
-        self.total, self.done, self.stream = total, done, stream
+    def __init__(self, total: int, done: int, stream=None):
+        self.total, self.done, self.stream = total, done, stream or sys.stderr
         self.start, self.at_start = time.monotonic(), done
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
 
     def step(self, note: str = "") -> None:
         self.done += 1
@@ -196,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     except cl.EvalError as exc:
         print(f"vllm-chunk-cache-eval: error: {exc}", file=sys.stderr)
         return 2
+    except cl.HTTPStatusError as exc:  # mid-run: the server failed a request
+        done = f"; the samples done are in {args.out}: --resume continues" if args.out.exists() else ""
+        print(f"vllm-chunk-cache-eval: error: the server failed a request ({exc}){done}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\ninterrupted: {args.out} has the samples done; --resume continues", file=sys.stderr)
         return 130
@@ -260,7 +264,7 @@ def run(args) -> int:
             "request: no per-mode computed share or fallbacks; set_counters is the change over the whole run"
         )
         start_counters = server.metrics()
-    progress = Progress(len(found) - len(bad) - len(long), len(rows))
+    progress = Progress(len(found) - len(long), len(rows))
     order = {s.sid: i for i, s in enumerate(found)}
 
     def one(s: samples.Sample) -> dict:
@@ -280,7 +284,7 @@ def run(args) -> int:
                 f.cancel()
             raise
     if not attribute:
-        end = server.settled(start_counters, 0)
+        end = server.settled(start_counters, len(todo) * (2 + len(args.modes)))
         doc["set_counters"] = {
             k: end.get(k, 0.0) - start_counters.get(k, 0.0) for k in (cl.COMPUTED, cl.SELECTED, cl.FALLBACKS)
         }

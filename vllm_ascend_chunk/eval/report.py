@@ -112,7 +112,7 @@ def table(summary: dict) -> str:
                 _interval(s["contains"]),
                 _interval(s["ttft_p50_ms"], "value", fmt="{:.0f}"),
                 _interval(s["ttft_p90_ms"], "value", fmt="{:.0f}"),
-                _interval(s["computed"], scale=100, fmt="{:.0f}%").replace("%]", "]"),
+                _interval(s["computed"], scale=100, fmt="{:.0f}") + (" %" if s["computed"] else ""),
                 "-" if fallbacks is None else f"{fallbacks['count']:.0f} of {s['n']}",
             ]
         )
@@ -149,7 +149,7 @@ def plot(summary: dict, path: Path, title: str) -> str | None:
             ax.errorbar(
                 x,
                 y,
-                yerr=[[y - s[key]["low"]], [s[key]["high"] - y]],
+                yerr=[[max(0.0, y - s[key]["low"])], [max(0.0, s[key]["high"] - y)]],
                 marker=marker,
                 markersize=8,
                 capsize=3,
