@@ -38,7 +38,10 @@ setup(
     cmdclass={"build_py": BuildWithSeries},
     entry_points={
         "vllm.general_plugins": ["chunk_cache = vllm_ascend_chunk.vllm_adapter.plugin:register"],
-        "console_scripts": ["vllm-chunk-cache-patch = vllm_ascend_chunk.vllm_adapter.patch_cli:main"],
+        "console_scripts": [
+            "vllm-chunk-cache-patch = vllm_ascend_chunk.vllm_adapter.patch_cli:main",
+            "vllm-chunk-cache-eval = vllm_ascend_chunk.eval.cli:main",
+        ],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -28,99 +28,20 @@ tokenized alone without special tokens. Full attention gets the same ids as one 
 from __future__ import annotations
 
 import ast
-import collections
 import json
 import math
 import random
 import re
-import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SYSTEM_PROMPT = (
-    "You are a helpful assistant. Answer the question using the documents. "
-    "Reply with the answer only, in a few words."
-)
-ANSWER_HINT = "Answer in a few words."
-DOC_PREFIX = "Document: "
-
-COLOURS = [
-    "blue",
-    "red",
-    "green",
-    "yellow",
-    "purple",
-    "orange",
-    "silver",
-    "golden",
-    "white",
-    "black",
-    "crimson",
-    "amber",
-]
-OBJECTS = [
-    "lighthouse",
-    "bridge",
-    "tower",
-    "garden",
-    "library",
-    "harbor",
-    "windmill",
-    "castle",
-    "observatory",
-    "fountain",
-    "museum",
-    "monastery",
-]
-FIRST_NAMES = [
-    "Talia",
-    "Oren",
-    "Mirela",
-    "Bastian",
-    "Ingrid",
-    "Caspar",
-    "Noemi",
-    "Lucan",
-    "Freya",
-    "Dorian",
-    "Elsbeth",
-    "Tobias",
-]
-LAST_NAMES = [
-    "Brennock",
-    "Valdrick",
-    "Osterhaus",
-    "Quillan",
-    "Marwood",
-    "Thessaly",
-    "Corvane",
-    "Halloway",
-    "Pemberly",
-    "Ashgrove",
-    "Kestrel",
-    "Duvall",
-]
-TOWNS = [
-    "Varnholm",
-    "Kestrow",
-    "Belmire",
-    "Dunhallow",
-    "Orrisdale",
-    "Whitcombe",
-    "Larkspur Falls",
-    "Tamsworth",
-    "Ebberly",
-    "Fenwick Cross",
-    "Marrowgate",
-    "Silverbrook",
-]
-
-FACTS = [
-    # (statement, question, kind of value)
-    ("The secret code of the {key} is {value}.", "What is the secret code of the {key}?", "code"),
-    ("The {key} was designed by an architect named {value}.", "Who designed the {key}?", "name"),
-    ("The {key} stands in the town of {value}.", "In which town does the {key} stand?", "town"),
-]
+# The prompt's text, the facts and the scores are the package's (`vllm-chunk-cache-eval` uses them).
+from vllm_ascend_chunk.eval.samples import ANSWER_HINT, DOC_PREFIX, SYSTEM_PROMPT, planted_facts
+from vllm_ascend_chunk.eval.scores import best as best
+from vllm_ascend_chunk.eval.scores import contains as contains
+from vllm_ascend_chunk.eval.scores import exact_match as exact_match
+from vllm_ascend_chunk.eval.scores import f1 as f1
+from vllm_ascend_chunk.eval.scores import normalize_answer as normalize_answer
 
 
 @dataclass
@@ -174,14 +95,6 @@ def load_essays(directory: Path | None = None) -> dict[str, str]:
     return {p.stem: p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.txt"))}
 
 
-def _value(kind: str, rng: random.Random) -> str:
-    if kind == "code":
-        return str(rng.randint(1000, 9999))
-    if kind == "name":
-        return f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"
-    return rng.choice(TOWNS)
-
-
 def _plant(sents: list[str], fact: str, rng: random.Random) -> str:
     at = rng.randint(0, len(sents))
     return " ".join([*sents[:at], fact, *sents[at:]])
@@ -202,16 +115,9 @@ def synthetic_set(
     rng = random.Random(seed)
     items = []
     for q in range(n):
-        statement, question, kind = FACTS[q % len(FACTS)]
-        keys = rng.sample([f"{c} {o}" for c in COLOURS for o in OBJECTS], 1 + distractors)
-        values: list[str] = []
-        while len(values) < 1 + distractors:  # distinct values, so a distractor is never right
-            v = _value(kind, rng)
-            if v not in values:
-                values.append(v)
+        question, facts, values = planted_facts(q, distractors, rng)
         chosen = rng.sample(range(len(pool)), docs)
         texts = [list(pool[i][1]) for i in chosen]
-        facts = [statement.format(key=k, value=v) for k, v in zip(keys, values, strict=True)]
         docs_text = [
             _plant(texts[i], facts[i], rng) if i < len(facts) else " ".join(texts[i]) for i in range(docs)
         ]
@@ -219,7 +125,7 @@ def synthetic_set(
         items.append(
             QAItem(
                 qid=f"syn-{seed}-{q}",
-                question=question.format(key=keys[0]),
+                question=question,
                 answers=[values[0]],
                 docs=[docs_text[i] for i in order],
                 meta={
@@ -316,40 +222,6 @@ def build_prompt(
 # Scoring
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower case, no punctuation, no articles (a, an, the), single spaces."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def f1(prediction: str, gold: str) -> float:
-    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    common = collections.Counter(pred) & collections.Counter(ref)
-    same = sum(common.values())
-    if not pred or not ref:
-        return float(pred == ref)
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def exact_match(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
-
-
-def contains(prediction: str, gold: str) -> float:
-    """1 if the normalised gold answer occurs in the normalised prediction (as whole words)."""
-    pred, ref = f" {normalize_answer(prediction)} ", f" {normalize_answer(gold)} "
-    return float(ref.strip() != "" and ref in pred)
-
-
-def best(metric, prediction: str, golds: list[str]) -> float:
-    return max((metric(prediction, g) for g in golds), default=0.0)
-
-
 def kl_topk(p: dict[int, float], q: dict[int, float]) -> float:
     """KL(P || Q) in nats from two top-k logprob dicts (token id -> logprob) of the same step.
 
@@ -371,3 +243,34 @@ def kl_topk(p: dict[int, float], q: dict[int, float]) -> float:
     q_rest = max(1e-9, 1.0 - sum(q_probs.values()))
     kl = sum(pv * math.log(pv / q_probs[t]) for t, pv in p_probs.items() if pv > 0)
     return max(0.0, kl + p_rest * math.log(p_rest / q_rest))
+
+
+# ---------------------------------------------------------------------------------------------
+# As samples of `vllm-chunk-cache-eval`
+
+
+def write_jsonl(items: list[QAItem], path: Path) -> None:
+    """The items as the JSON Lines `vllm-chunk-cache-eval --samples` reads (the default system prompt)."""
+    lines = [
+        json.dumps({"id": i.qid, "documents": i.docs, "question": i.question, "answers": i.answers})
+        for i in items
+    ]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Write the synthetic set as vllm-chunk-cache-eval samples.")
+    ap.add_argument("--synthetic", type=int, default=20, help="questions")
+    ap.add_argument("--docs", type=int, default=5)
+    ap.add_argument("--doc-tokens", type=int, default=150)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    write_jsonl(synthetic_set(args.synthetic, args.docs, args.doc_tokens, args.seed), args.out)
+    print(f"wrote {args.synthetic} samples of {args.docs} documents to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

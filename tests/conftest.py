@@ -75,6 +75,7 @@ SLOW_FILES = (
     "tests/store/test_parallel_tiers.py",  # 115
     "tests/store/test_shared_servers.py",  # 95
     "tests/engine/test_model_parallel.py",  # 85
+    "tests/server/test_eval_cli.py",  # 80-135 (two servers, one after the other)
     "tests/store/test_data_parallel_store.py",  # 75
     "tests/install/test_demo.py",  # 60
     "tests/store/test_rogue_writer.py",  # 55

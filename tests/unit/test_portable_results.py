@@ -60,6 +60,8 @@ def recorded_commands() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("name, command", recorded_commands(), ids=[n for n, _ in recorded_commands()])
 def test_the_recorded_command_names_a_script_that_exists(name: str, command: str):
     words = shlex.split(command)
+    if f'"{words[0]} = ' in (REPO / "setup.py").read_text():  # a console script of the package
+        return
     if "-m" in words:
         program = words[words.index("-m") + 1].replace(".", "/") + ".py"
     else:
