@@ -26,7 +26,7 @@ layout vLLM loads; 2 layers, 128 wide, GQA 4/2, head_dim 32 unless said):
   tiny-granite    Granite: embedding, attention, residual and logit multipliers
   tiny-olmo2      OLMo-2: RMSNorm over the whole q and k projections
 Families the chunk cache does not apply to (served with it off):
-  tiny-gemma2-sw  Gemma-2: sliding-window and full layers, logit soft-capping
+  tiny-gemma2-sw  Gemma-2: sliding-window and full layers, attention soft-capping
   tiny-mistral-sw Mistral with a 64-token sliding window
   tiny-gpt-oss    gpt-oss: sliding-window and full layers, attention sinks, 4 experts
   tiny-qwen3-next Qwen3-Next: linear-attention (gated delta net) and full layers, experts
@@ -157,7 +157,9 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
     "tiny-mistral": ("mistral", dict(sliding_window=None), 15),
     "tiny-granite": (
         "granite",
-        dict(embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.5, logits_scaling=2.0),
+        dict(
+            embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.5, logits_scaling=2.0
+        ),
         16,
     ),
     "tiny-olmo2": ("olmo2", {}, 17),
@@ -168,6 +170,7 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
             layer_types=["sliding_attention", "full_attention"],
             query_pre_attn_scalar=32,
             hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=None,  # (a cap of 30 flattens the wide LM head's logits: ties)
         ),
         21,
     ),
