@@ -106,7 +106,7 @@ def test_rotary_mul_reference_follows_the_documented_formula():
 
 
 @pytest.mark.parametrize("neox", [True, False])
-@pytest.mark.parametrize("rotary_dim", [128, 64])
+@pytest.mark.parametrize("rotary_dim", [128, 64, 96])  # 96: three quarters (Phi-4-mini)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_fused_rotation_matches_the_torch_reference(neox: bool, rotary_dim: int, dtype: torch.dtype):
     gen = torch.Generator().manual_seed(rotary_dim + neox)
