@@ -25,11 +25,13 @@ layout vLLM loads; 2 layers, 128 wide, GQA 4/2, head_dim 32 unless said):
   tiny-mistral    Mistral without a sliding window
   tiny-granite    Granite: embedding, attention, residual and logit multipliers
   tiny-olmo2      OLMo-2: RMSNorm over the whole q and k projections
+  tiny-deepseek-v2 DeepSeek-V2 attention (MLA: 64-dim latent, 32-dim k_pe, YaRN), dense MLPs
 Families the chunk cache does not apply to (served with it off):
   tiny-gemma2-sw  Gemma-2: sliding-window and full layers, attention soft-capping
   tiny-mistral-sw Mistral with a 64-token sliding window
   tiny-gpt-oss    gpt-oss: sliding-window and full layers, attention sinks, 4 experts
-  tiny-qwen3-next Qwen3-Next: linear-attention (gated delta net) and full layers, experts
+  tiny-qwen3-next Qwen3-Next: linear-attention (gated delta net) and full layers, experts (served
+                  in bfloat16: vLLM's CPU gated delta net takes nothing else)
 
 On request only (`--only bench-llama-1b`; 2 GB, for GPU benchmarks, not written by set-up):
   bench-llama-1b  Llama, 16 layers, 2048 wide, GQA 16/8, head_dim 128 (1.0 B parameters),
@@ -120,6 +122,7 @@ _FAMILY_COMMON = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
+    tie_word_embeddings=False,
 )
 # name -> (model_type, config fields over _FAMILY_COMMON, seed)
 FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
@@ -163,6 +166,22 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
         16,
     ),
     "tiny-olmo2": ("olmo2", {}, 17),
+    # DeepSeek-V2 attention (MLA: a 64-dim latent KV, a 32-dim k_pe, YaRN), dense MLPs.
+    "tiny-deepseek-v2": (
+        "deepseek_v2",
+        dict(
+            kv_lora_rank=64,
+            q_lora_rank=None,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            head_dim=32,
+            num_key_value_heads=4,
+            first_k_dense_replace=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        25,
+    ),
     "tiny-gemma2-sw": (
         "gemma2",
         dict(
@@ -171,6 +190,7 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
             query_pre_attn_scalar=32,
             hidden_activation="gelu_pytorch_tanh",
             final_logit_softcapping=None,  # (a cap of 30 flattens the wide LM head's logits: ties)
+            tie_word_embeddings=True,  # (vLLM's Gemma-2 needs it)
         ),
         21,
     ),
@@ -182,7 +202,6 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
             num_experts_per_tok=2,
             sliding_window=64,
             layer_types=["sliding_attention", "full_attention"],
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
         23,
     ),
@@ -452,12 +471,10 @@ def family_config(name: str, tok):
     model_type, fields, _ = FAMILY_MODELS[name]
     return AutoConfig.for_model(
         model_type,
-        **_FAMILY_COMMON,
-        **fields,
+        **{**_FAMILY_COMMON, **fields},
         vocab_size=tok.get_vocab_size(),
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
         bos_token_id=tok.token_to_id(BOS),
         eos_token_id=tok.token_to_id(EOS),
         pad_token_id=tok.token_to_id(PAD),
