@@ -180,7 +180,7 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
             first_k_dense_replace=2,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
-        25,
+        27,
     ),
     "tiny-gemma2-sw": (
         "gemma2",
@@ -203,7 +203,7 @@ FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
             sliding_window=64,
             layer_types=["sliding_attention", "full_attention"],
         ),
-        23,
+        31,
     ),
     "tiny-qwen3-next": (
         "qwen3_next",

@@ -85,7 +85,7 @@ def test_architectures(models_dir: Path):
 # What each family model must have for its cell of the matrix (docs/models.md) to mean anything.
 FAMILY_TRAITS = {
     "tiny-qwen3": ("Qwen3ForCausalLM", {}),
-    "tiny-qwen3-moe": ("Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "tiny-qwen3-moe": ("Qwen3MoeForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "tiny-glm4": ("Glm4ForCausalLM", {"partial_rotary_factor": 0.5}),
     "tiny-phi3": ("Phi3ForCausalLM", {"partial_rotary_factor": 0.75}),
     "tiny-mistral": ("MistralForCausalLM", {"sliding_window": None}),
