@@ -10,7 +10,9 @@ With no chunks this is ordinary causal decoding.
 prompt `SYS + C_i` (so it sees SYS at the distances of that prompt), its keys are then moved to
 the positions of the plain concatenation by HF's own rotary embedding (a rotation by the sum of
 the lengths of the chunks before it), and the question and generated tokens are decoded on that
-assembled cache at the positions of the plain concatenation.
+assembled cache at the positions of the plain concatenation. The move uses the model's own
+family module's `apply_rotary_pos_emb` (its pair layout and rotary span: GLM-4's interleaved
+pairs on half of each head, Phi-3's partial span), never the code under test.
 
 Many tests check engines of several layouts and sizes against the same prompts: a model is loaded
 once per directory, and a reference is computed once per (model, prompt, spans, layout, length).
@@ -142,8 +144,8 @@ def greedy_sequential(
     model, prompt: list[int], max_tokens: int, sys_len: int, chunk_lens: list[int]
 ) -> Reference:
     from transformers import DynamicCache
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+    apply_rotary_pos_emb = family_rope(model)
     layers = model.config.num_hidden_layers
     keys: list[list[torch.Tensor]] = [[] for _ in range(layers)]
     values: list[list[torch.Tensor]] = [[] for _ in range(layers)]
@@ -180,6 +182,16 @@ def greedy_sequential(
         offset += len(ids)
         ids = [token]
     return out
+
+
+def family_rope(model):
+    """`apply_rotary_pos_emb(q, k, cos, sin)` of the model's transformers family module."""
+    import sys
+
+    module = sys.modules[type(model).__module__]
+    if not hasattr(module, "apply_rotary_pos_emb"):
+        raise NotImplementedError(f"{type(model).__name__}: no apply_rotary_pos_emb in {module.__name__}")
+    return module.apply_rotary_pos_emb
 
 
 def load(model_dir) -> torch.nn.Module:

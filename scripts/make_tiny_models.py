@@ -15,6 +15,24 @@ Models written under DIR (default: `$CHUNK_CACHE_MODELS_DIR` or `<repo>/.models`
   (head_dim 32: the smallest the vLLM CPU attention supports)
   bench-llama  Llama, 6 layers, 512 wide (benchmarks and the demo)
 
+The model families (`FAMILY_MODELS`: built by transformers' own classes from their configs,
+every parameter drawn from a seeded generator, saved by `save_pretrained` in the checkpoint
+layout vLLM loads; 2 layers, 128 wide, GQA 4/2, head_dim 32 unless said):
+  tiny-qwen3      Qwen3: per-head q/k RMSNorm before RoPE
+  tiny-qwen3-moe  Qwen3-MoE: 4 experts, 2 per token, on every layer
+  tiny-glm4       GLM-4: RoPE on half of each head, interleaved pairs, qkv bias
+  tiny-phi3       Phi-3 (as Phi-4-mini): fused qkv and gate/up, RoPE on three quarters of each head
+  tiny-mistral    Mistral without a sliding window
+  tiny-granite    Granite: embedding, attention, residual and logit multipliers
+  tiny-olmo2      OLMo-2: RMSNorm over the whole q and k projections
+  tiny-deepseek-v2 DeepSeek-V2 attention (MLA: 64-dim latent, 32-dim k_pe, YaRN), dense MLPs
+Families the chunk cache does not apply to (served with it off):
+  tiny-gemma2-sw  Gemma-2: sliding-window and full layers, attention soft-capping
+  tiny-mistral-sw Mistral with a 64-token sliding window
+  tiny-gpt-oss    gpt-oss: sliding-window and full layers, attention sinks, 4 experts
+  tiny-qwen3-next Qwen3-Next: linear-attention (gated delta net) and full layers, experts (served
+                  in bfloat16: vLLM's CPU gated delta net takes nothing else)
+
 On request only (`--only bench-llama-1b`; 2 GB, for GPU benchmarks, not written by set-up):
   bench-llama-1b  Llama, 16 layers, 2048 wide, GQA 16/8, head_dim 128 (1.0 B parameters),
                   bfloat16 weights, 65,536 positions, rope_theta 500,000
@@ -96,6 +114,116 @@ MODELS: dict[str, dict] = {
     ),
 }
 MAX_POSITIONS = 16384
+
+_FAMILY_COMMON = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    tie_word_embeddings=False,
+)
+# name -> (model_type, config fields over _FAMILY_COMMON, seed)
+FAMILY_MODELS: dict[str, tuple[str, dict, int]] = {
+    "tiny-qwen3": ("qwen3", {}, 11),
+    "tiny-qwen3-moe": (
+        "qwen3_moe",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        ),
+        12,
+    ),
+    "tiny-glm4": (
+        "glm4",
+        dict(
+            attention_bias=True,
+            partial_rotary_factor=0.5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        ),
+        13,
+    ),
+    "tiny-phi3": (
+        "phi3",
+        dict(
+            partial_rotary_factor=0.75,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+            sliding_window=None,
+        ),
+        14,
+    ),
+    "tiny-mistral": ("mistral", dict(sliding_window=None), 15),
+    "tiny-granite": (
+        "granite",
+        dict(
+            embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.5, logits_scaling=2.0
+        ),
+        16,
+    ),
+    "tiny-olmo2": ("olmo2", {}, 17),
+    # DeepSeek-V2 attention (MLA: a 64-dim latent KV, a 32-dim k_pe, YaRN), dense MLPs.
+    "tiny-deepseek-v2": (
+        "deepseek_v2",
+        dict(
+            kv_lora_rank=64,
+            q_lora_rank=None,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            head_dim=32,
+            num_key_value_heads=4,
+            first_k_dense_replace=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        27,
+    ),
+    "tiny-gemma2-sw": (
+        "gemma2",
+        dict(
+            sliding_window=64,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=32,
+            hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=None,  # (a cap of 30 flattens the wide LM head's logits: ties)
+            tie_word_embeddings=True,  # (vLLM's Gemma-2 needs it)
+        ),
+        21,
+    ),
+    "tiny-mistral-sw": ("mistral", dict(sliding_window=64), 22),
+    "tiny-gpt-oss": (
+        "gpt_oss",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=64,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        31,
+    ),
+    "tiny-qwen3-next": (
+        "qwen3_next",
+        dict(
+            layer_types=["linear_attention", "full_attention"],
+            full_attention_interval=2,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            partial_rotary_factor=0.25,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+        24,
+    ),
+}
 # Written only when named with --only: too large for every set-up.
 LARGE_MODELS: dict[str, dict] = {
     "bench-llama-1b": dict(
@@ -336,6 +464,64 @@ def make_weights(spec: dict, vocab: int):
     return tensors
 
 
+def family_config(name: str, tok):
+    """The transformers config of the family model `name` (`FAMILY_MODELS`)."""
+    from transformers import AutoConfig
+
+    model_type, fields, _ = FAMILY_MODELS[name]
+    return AutoConfig.for_model(
+        model_type,
+        **{**_FAMILY_COMMON, **fields},
+        vocab_size=tok.get_vocab_size(),
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        bos_token_id=tok.token_to_id(BOS),
+        eos_token_id=tok.token_to_id(EOS),
+        pad_token_id=tok.token_to_id(PAD),
+        dtype="float32",
+    )
+
+
+def family_std(name: str, shape: tuple[int, ...], hidden: int) -> float | None:
+    """`init_std`, with norms (None: 1 + 0.1 N(0, 1)) and routers (sharp: no near-ties of top-k)
+    named as the families name them."""
+    if "norm" in name and len(shape) == 1:
+        return None
+    if name.endswith(("mlp.gate.weight", "router.weight")):
+        return 4.0 / hidden**0.5
+    if "qkv_proj" in name:
+        return 1.5 / hidden**0.5
+    return init_std(name, shape, hidden)
+
+
+def write_family_model(name: str, tok, out: Path) -> None:
+    """A model of `FAMILY_MODELS`, built by its transformers class and saved by `save_pretrained`
+    (which writes the checkpoint names vLLM loads, e.g. one tensor per expert)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = family_config(name, tok)
+    gen = torch.Generator().manual_seed(FAMILY_MODELS[name][2])
+    torch.manual_seed(FAMILY_MODELS[name][2])  # (the draws below overwrite every parameter)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            std = family_std(pname, tuple(param.shape), cfg.hidden_size)
+            draw = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            param.copy_(1.0 + 0.1 * draw if std is None else std * draw)
+    model.generation_config.do_sample = False
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        d = Path(tmp)
+        model.save_pretrained(d)
+        write_tokenizer(tok, d)
+        (d / "GENERATOR_VERSION").write_text(GENERATOR_VERSION + "\n")
+        target = out / name
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(d, target)
+        os.mkdir(d)
+
+
 def write_model(name: str, spec: dict, tok, out: Path) -> None:
     from safetensors.torch import save_file
 
@@ -396,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         nargs="*",
-        choices=sorted(MODELS | LARGE_MODELS),
+        choices=sorted(MODELS | FAMILY_MODELS | LARGE_MODELS),
         help="models to write (default: all but " + ", ".join(LARGE_MODELS) + ")",
     )
     ap.add_argument("--force", action="store_true", help="regenerate even if up to date")
@@ -404,11 +590,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    names = args.only or sorted(MODELS)
+    names = args.only or sorted(MODELS | FAMILY_MODELS)
     todo = [n for n in names if args.force or not is_current(args.out / n)]
     tok = build_tokenizer() if todo else None
     for name in names:
-        if name in todo:
+        if name in todo and name in FAMILY_MODELS:
+            write_family_model(name, tok, args.out)
+            print(f"wrote {args.out / name}  sha256={digest(args.out / name)[:16]}")
+        elif name in todo:
             write_model(name, (MODELS | LARGE_MODELS)[name], tok, args.out)
             print(f"wrote {args.out / name}  sha256={digest(args.out / name)[:16]}")
         else:

@@ -68,6 +68,7 @@ def pytest_unconfigure(config) -> None:
 # The files that take longest (seconds of a run on 2 cores, fixtures included), run first so that
 # pytest-xdist's workers (scripts/test.sh) finish together; a file past ~30 s belongs here.
 SLOW_FILES = (
+    "tests/engine/test_model_families.py",  # 360 (12 engines, one at TP=2); 730 on a loaded machine
     "tests/install/test_gpu_session.py",  # 180
     "tests/engine/test_chunk_engines.py",  # 170
     "tests/install/test_quickstart.py",  # 150-270 (pip's cache cold or warm)

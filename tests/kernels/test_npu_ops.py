@@ -106,7 +106,7 @@ def test_rotary_mul_reference_follows_the_documented_formula():
 
 
 @pytest.mark.parametrize("neox", [True, False])
-@pytest.mark.parametrize("rotary_dim", [128, 64])
+@pytest.mark.parametrize("rotary_dim", [128, 64, 96])  # 96: three quarters (Phi-4-mini)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_fused_rotation_matches_the_torch_reference(neox: bool, rotary_dim: int, dtype: torch.dtype):
     gen = torch.Generator().manual_seed(rotary_dim + neox)
@@ -149,7 +149,8 @@ def test_selfcheck_op_checks_pass_on_cpu():
         assert selfcheck.main(["--device", "cpu", "--skip-generation"]) == 0
     lines = out.getvalue().splitlines()
     assert sum(line.startswith("PASS  kv writer") for line in lines) == 6
-    assert sum(line.startswith("PASS  rotation (fused op)") for line in lines) == 12
+    assert sum(line.startswith("PASS  rotation (fused op)") for line in lines) == 18
+    assert sum(line.startswith("PASS  MLA k_pe rotation") for line in lines) == 6
     assert not any(line.startswith("FAIL") for line in lines)
 
 
@@ -170,6 +171,12 @@ def test_selfcheck_catches_faulty_ops():
 
     for rotate in (wrong_sign, touches_the_tail):
         assert not selfcheck.check_rotation(rotate, "cpu", torch.float32, True, 64, seed=0)[0]
+
+    def on_a_copy(keys, cos, sin, spec):  # an op that rotates a copy: the latent row never changes
+        return apply_rotation_(keys.clone(), cos, sin, spec)
+
+    for rotate in (wrong_sign, on_a_copy):
+        assert not selfcheck.check_latent_rotation(rotate, "cpu", torch.float32, seed=0)[0]
 
     def raises():
         raise RuntimeError("op refused its input")

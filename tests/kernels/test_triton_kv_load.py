@@ -90,6 +90,8 @@ CASES = [
     (torch.float16, 3, 80, 48, True, "HND", True),  # head_size not a power of two
     (torch.bfloat16, 40, 128, 128, True, "HND", True),  # heads split over two programs per token
     (torch.bfloat16, 4, 64, 64, True, "NHD", False),  # plain copy
+    (torch.float32, 2, 32, 24, True, "NHD", True),  # Phi-4-mini: three quarters, pairs not a power of two
+    (torch.float32, 2, 32, 16, False, "HND", True),  # GLM-4: half of each head, interleaved pairs
 ]
 
 

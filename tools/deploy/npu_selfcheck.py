@@ -135,6 +135,38 @@ def check_rotation(
     )
 
 
+def check_latent_rotation(
+    rotate: Rotate,
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    kv_lora_rank: int = 512,
+    rope_dim: int = 64,
+    num_tokens: int = 96,
+) -> tuple[bool, str]:
+    """MLA's cache row (DeepSeek-V3: one KV head, a 512-dim latent, then the 64-dim rotated
+    `k_pe`, interleaved pairs): `k_pe` rotated in place as a view of the row's last dims; the
+    latent part must stay bit-identical, `k_pe` as `check_rotation` judges a key."""
+    gen = torch.Generator().manual_seed(seed)
+    inv_freq = 10000.0 ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
+    spec = RotarySpec(head_size=rope_dim, rotary_dim=rope_dim, is_neox_style=False, inv_freq=inv_freq)
+    rows = torch.randn(num_tokens, 1, kv_lora_rank + rope_dim, generator=gen).to(dtype)
+    deltas = torch.randint(-8192, 8192, (num_tokens,), generator=gen)
+    cos, sin = rotation_tables(deltas, spec, torch.device("cpu"))
+    want = apply_rotation_(rows[..., kv_lora_rank:].clone(), cos, sin, spec)
+    got_rows = rows.to(device)
+    rotate(got_rows[..., kv_lora_rank:], cos.to(device), sin.to(device), spec)
+    got_rows = got_rows.cpu()
+    moved = int((got_rows[..., :kv_lora_rank] != rows[..., :kv_lora_rank]).sum())
+    tol = 2 * torch.finfo(dtype).eps * float(rows.abs().max())
+    err = (got_rows[..., kv_lora_rank:].double() - want.double()).abs()
+    bad = int((~(err <= tol)).sum())
+    return bad == moved == 0, (
+        f"{moved} latent elements changed; {bad} of {want.numel()} k_pe elements off; "
+        f"max error {float(err.max()):.3g} (tolerance {tol:.3g})"
+    )
+
+
 def op_checks(device: str, seed: int) -> Iterator[Check]:
     """Every op check, with the device ops on an NPU and the references standing in on the CPU."""
     if device == "cpu":
@@ -159,12 +191,17 @@ def op_checks(device: str, seed: int) -> Iterator[Check]:
                     f"kv writer {name} heads={heads} head_size={head_size}",
                     functools.partial(check_kv_writer, make_writer, device, dtype, heads, head_size, seed_i),
                 )
-        for neox, rotary_dim, (label, rotate) in itertools.product(
-            (True, False), (128, 64), (("fused op", fused), ("torch ops", apply_rotation_))
-        ):
+        ops = (("fused op", fused), ("torch ops", apply_rotation_))
+        # rotary_dim 96: three quarters of the head (Phi-4-mini); 64 of 128: half (GLM-4 interleaved)
+        for neox, rotary_dim, (label, rotate) in itertools.product((True, False), (128, 64, 96), ops):
             yield (
                 f"rotation ({label}) {name} {'neox' if neox else 'gptj'} rotary_dim={rotary_dim}/128",
                 functools.partial(check_rotation, rotate, device, dtype, neox, rotary_dim, seed_i),
+            )
+        for label, rotate in ops:
+            yield (
+                f"MLA k_pe rotation ({label}) {name}: 64 dims after a 512-dim latent",
+                functools.partial(check_latent_rotation, rotate, device, dtype, seed_i),
             )
 
 

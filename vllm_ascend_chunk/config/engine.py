@@ -90,6 +90,12 @@ def _layout_for(model) -> str:
     return "overlap"
 
 
+ROPE_AT_THE_END = (
+    "its RoPE covers the last qk_rope_head_dim dims of each key head (DeepSeek's k_pe after k_nope, "
+    "served as ordinary attention with VLLM_MLA_DISABLE=1), and the rotation moves the first"
+)
+
+
 def _why_not_sequential(model) -> str | None:
     from vllm.transformers_utils.config import is_rope_parameters_nested
 
@@ -98,6 +104,8 @@ def _why_not_sequential(model) -> str | None:
     config = model.hf_text_config
     if getattr(config, "dual_chunk_attention_config", None):
         return "dual-chunk attention maps positions per chunk"
+    if getattr(config, "qk_nope_head_dim", 0) and getattr(config, "qk_rope_head_dim", 0):
+        return ROPE_AT_THE_END
     rope = getattr(config, "rope_parameters", None)
     if not rope:
         return "it has no RoPE"

@@ -98,6 +98,14 @@ class ChunkCacheWorker:
                 "the model's layers use different RoPEs; VLLM_CHUNK_CACHE_LAYOUT=sequential supports one "
                 "RoPE per model, VLLM_CHUNK_CACHE_LAYOUT=overlap works with any"
             )
+        layers = self.vllm_config.compilation_config.static_forward_context.values()
+        heads = {getattr(layer, "head_size", None) for layer in layers} - {None}
+        if heads and heads != {specs[0].head_size}:  # e.g. DeepSeek's k_pe, after k_nope in each head
+            raise UnsupportedRopeError(
+                f"the model's RoPE spans {specs[0].head_size} dims, its attention heads {sorted(heads)}: "
+                "keys loaded from the pool cannot be re-rotated; VLLM_CHUNK_CACHE_LAYOUT=overlap works "
+                "with any model"
+            )
         self.rotary = specs[0]
         logger.info(
             "Chunk Cache: sequential layout, cached keys re-rotated on load (rotary_dim=%d, neox=%s)",
