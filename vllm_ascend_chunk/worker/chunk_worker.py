@@ -144,7 +144,7 @@ class ChunkCacheWorker:
         if meta.load_deltas and not self._model_bound:  # a model runner without the bind_model hook
             raise RuntimeError(
                 "Chunk Cache: the sequential layout needs the model's RoPE, but the model "
-                "runner never called hooks.bind_model; run scripts/apply_patches.sh"
+                "runner never called vllm_adapter.runner_hooks.bind_model; run scripts/apply_patches.sh"
             )
         if meta.load_deltas and self.rotary is not None:
             deltas = torch.tensor(meta.load_deltas, dtype=torch.int64)  # host: float64 angles
