@@ -110,8 +110,8 @@ SETTINGS = (
         unless_blank(number(lambda v: v > 0, "a number greater than 0")),
         "",
         "device pool size (GiB per worker), taken out of the KV memory",
-        shown_default="unset: 1/4 of the KV cache memory, at least 256 MiB, at most 8 GiB "
-        "(logged at start-up)",
+        shown_default="unset: 1/4 of the KV cache memory, at least 256 MiB but never more than half of "
+        "it, at most 8 GiB (logged at start-up)",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
