@@ -9,7 +9,7 @@ exceeds the LRU threshold.
 A request acquires all its entries at once or nothing, so requests that hold pins always
 progress and the pool never deadlocks.
 
-Tiers (`docs/design/design.md`, Tiers; `scheduler.tiers`). A key missing from the pool is offered to
+Tiers (`docs/design/design.md`, Tiers; `tiers.base`). A key missing from the pool is offered to
 each of `tiers` in order: the host-memory tier fills the new entry with the step's row copies
 (resident at once), the remote store asynchronously (the entry is FETCHING until the workers
 report the read: `fetched`); otherwise it is computed. An entry evicted from the pool is offered

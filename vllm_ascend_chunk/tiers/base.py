@@ -9,7 +9,7 @@ do for a tier travels with the next step (`take_jobs`), and their report of the 
 to every tier (`reported`). A new backend is one class with these methods, and neither the
 manager nor the coordinator needs edits (`tests/helpers/memory_tier.py` is one, used by the
 manager's and the coordinator's random operation tests); its workers' side is one class behind
-`worker.tiers.WorkerTier`.
+`tiers.worker_base.WorkerTier`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Per step: `shift_positions` (from the model runner, once the slot mapping is computed from the
 logical positions) lowers the RoPE positions of chunk-path requests in the overlap layout;
-`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`worker.tiers`:
+`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`tiers.worker_base`:
 host copies, remote reads) and copies pool rows into slots; `save` (connector `wait_for_save`,
 after the forward) copies the slots that chunk prefills wrote into pool rows and hands the tiers
 what to keep (remote writes); `report` (connector `build_connector_worker_meta`, the step's end,

@@ -1,4 +1,4 @@
-"""RemoteTier: one worker's side of the shared remote store (`worker.tiers.WorkerTier`) — names,
+"""RemoteTier: one worker's side of the shared remote store (`tiers.worker_base.WorkerTier`) — names,
 headers, reads in flight.
 
 Each worker stores its own shard of an entry (its tensor-parallel heads of its pipeline stage's
