@@ -34,9 +34,10 @@ prompt was computed and saved), `request_finished` marks them resident.
 Tiers (`tiers.base`): the manager offers missing keys to the host tier (`HostTier`: copies
 sent with the step) and then to the remote store (`RemoteReads`). The tiers' jobs are sent with
 the step, the workers' report goes back to the tiers, and an entry a tier failed to fill while a
-request holds it is computed by a chunk prefill (`ChunkCacheManager.take_refills`); this class
-names no tier beyond building them. Every entry a chunk prefill computed is written to the
-remote store after the step that saved its last tokens.
+request holds it is computed by a chunk prefill (`ChunkCacheManager.take_refills`). This class
+names the two tiers where it builds them and where it plans the remote writes (`has_remote`):
+every entry a chunk prefill computed is written to the remote store after the step that saved
+its last tokens (`ChunkPrefills.saves`), outside the `Tier` interface.
 
 Collaborators, one job each: `ChunkPrefills` (the hidden requests), `ChunkCacheManager` (the
 pool and the tiers below it), `RecomputePlanner` (`qattn`/`cover` passes), `StepBuilder` (the
