@@ -1,5 +1,6 @@
 """A real patched vLLM engine on the tiny model: it starts with the plugin, carries the new
-request field, and decodes exactly like the independent HF reference."""
+request field, serves a chunked prompt from its pool, and decodes exactly like the independent
+HF reference."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import chunk_cases as cc
 from harness import hf_reference
+from vllm_ascend_chunk.metrics import chunk_cache_metrics
 
 PROMPTS = [
     "The ferry leaves the harbour every hour, except on Sundays.",
@@ -33,23 +36,33 @@ def test_greedy_generation_matches_hf_reference(tiny_llama_llm, models_dir: Path
             assert abs(step[token].logprob - want) < 2e-3
 
 
-def test_the_engine_runs_the_chunk_cache_and_a_chunked_request_carries_its_spans(tiny_llama_llm):
+def test_a_chunked_request_carries_its_spans_misses_then_hits_and_answers_as_the_hf_reference(
+    tiny_llama_llm, models_dir: Path, raw_tok
+):
+    """The chunk cache runs in the engine: the chunked request's documents are computed once (2
+    misses), found in the pool the second time (2 hits), and both answers are the HF reference of
+    the chunk semantics; the ordinary prompt beside it carries no spans."""
     from vllm import SamplingParams
 
     scheduler = tiny_llama_llm.llm_engine.engine_core.engine_core.scheduler
-    assert type(scheduler).__name__ == "ChunkCacheScheduler" and scheduler.chunk_connector is not None
     seen = {}
     add = scheduler.add_request
     scheduler.add_request = lambda request: (
         seen.setdefault(request.request_id, request.chunk_cache),
         add(request),
     )[1]
+    # Documents no other test sends to the shared engine: their counts start at nothing.
+    chunked_prompt = (
+        "Answer briefly. # # The smoke test's ferry to Paris leaves at noon. # # "
+        "The smoke test's train to Rome leaves at dawn. # # When does the ferry leave?"
+    )
+    params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=1, ignore_eos=True)
     try:
-        prompts = [
-            "Answer briefly. # # Paris is in France. # # Rome is in Italy. # # Where is Rome?",
-            PROMPTS[0],
-        ]
-        outs = tiny_llama_llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+        before = chunk_cache_metrics(tiny_llama_llm)
+        outs = tiny_llama_llm.generate([chunked_prompt, PROMPTS[0]], params, use_tqdm=False)
+        cold = chunk_cache_metrics(tiny_llama_llm)
+        (warm_out,) = tiny_llama_llm.generate([chunked_prompt], params, use_tqdm=False)
+        warm = chunk_cache_metrics(tiny_llama_llm)
     finally:
         del scheduler.add_request  # the class's method again
     # The engine's ids are the outputs' with a suffix; besides them, the documents' chunk prefills.
@@ -59,6 +72,12 @@ def test_the_engine_runs_the_chunk_cache_and_a_chunked_request_carries_its_spans
     assert len(chunked.chunk_lens) == len(chunked.chunk_hashes) == 2 and min(chunked.chunk_lens) > 0
     spans = chunked.sys_len + sum(chunked.chunk_lens) + chunked.question_len
     assert spans == len(outs[0].prompt_token_ids) and not chunked.recovers
+    assert (cold.miss_count - before.miss_count, cold.hit_count - before.hit_count) == (2, 0)
+    assert cold.chunk_prefills - before.chunk_prefills == 2
+    assert (warm.hit_count - cold.hit_count, warm.miss_count - cold.miss_count) == (2, 0)
+    model = hf_reference.load(models_dir / "tiny-llama")
+    cc.assert_output_matches(outs[0], model, raw_tok, chunked_prompt, "cold")
+    cc.assert_output_matches(warm_out, model, raw_tok, chunked_prompt, "warm")
 
 
 def test_invalid_configuration_fails_start_up(models_dir: Path):

@@ -1,6 +1,6 @@
-"""Code the tests share: workloads and their independent expectations (`chunk_cases`, the HF
-references), the engine and server processes (`engine_runner`, `server_utils`), the coordinator's
-invariants and the patch-series helpers."""
+"""Code only the tests share (what benchmarks and tools share with them is in `harness/`): the
+engine processes and the test client (`engine_runner`, `server_utils`), the coordinator's
+invariants, a test-only tier, the patch-series helpers; `REPO` here."""
 
 from pathlib import Path
 

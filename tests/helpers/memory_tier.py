@@ -1,4 +1,4 @@
-"""A tier for tests only, to show that a backend is one class behind `scheduler.tiers.Tier`:
+"""A tier for tests only, to show that a backend is one class behind `tiers.base.Tier`:
 the keys of evicted entries in a dict (no K/V: the manager's bookkeeping is what is tested),
 each fill asynchronous (`Fill.LATER`) and ended by the test (`finish`), as a remote store's read
 is ended by the workers' report."""

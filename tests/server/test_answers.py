@@ -1,6 +1,12 @@
 """The server answers as the offline engine does: `/v1/completions` and `/v1/chat/completions`,
 streamed or not, seeded n>1, `cache_salt` and a concurrent mixed batch give the token ids that
-`LLM.generate` / `LLM.chat` give for the same prompts (tiny Llama, float32)."""
+`LLM.generate` / `LLM.chat` give for the same prompts (tiny Llama, float32); chunked completions,
+streamed or not, and a chunked chat also answer as the independent HF reference.
+
+Differential (the in-process engine is the only oracle): test_completions_equal_offline_answers,
+test_chat_equals_offline_chat, test_seeded_sampling_with_n_choices_equals_offline (sampled: the HF
+reference is greedy only), test_concurrent_mixed_batch_equals_offline; their HF check is
+test_greedy_answers_equal_the_hf_reference."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import pytest
 
 from harness import chunk_cases as cc
 from tests.helpers import server_utils
+from tests.server.test_errors import CONTROL_CHARACTERS, NO_SYSTEM_NO_DOCUMENTS
 
 MAX_TOKENS = 6
 DOCS = [cc.document(800 + i, 40) for i in range(5)] + [cc.UNICODE_DOC]
@@ -51,21 +58,14 @@ def served(client, prompt, stream: bool = False, extra_body: dict | None = None,
     return [ids[i] for i in sorted(ids)]
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_completions_equal_offline_answers(client, tiny_llama_llm, stream):
-    assert [served(client, p, stream) for p in PROMPTS] == offline(tiny_llama_llm, PROMPTS)
+MESSAGES = [
+    {"role": "system", "content": cc.SYS},
+    {"role": "user", "content": cc.chunked("Context:", DOCS[1:4], "Which ferry?")},
+]
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_chat_equals_offline_chat(client, tiny_llama_llm, stream):
-    from vllm import SamplingParams
-
-    messages = [
-        {"role": "system", "content": cc.SYS},
-        {"role": "user", "content": cc.chunked("Context:", DOCS[1:4], "Which ferry?")},
-    ]
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    want = tiny_llama_llm.chat(messages, params, use_tqdm=False)[0]
+def served_chat(client, messages, stream: bool = False) -> tuple[list[int], list[int]]:
+    """Prompt ids and token ids of a greedy `/v1/chat/completions` request."""
     resp = client.chat.completions.create(
         model="tiny-llama",
         messages=messages,
@@ -75,10 +75,22 @@ def test_chat_equals_offline_chat(client, tiny_llama_llm, stream):
         extra_body={"ignore_eos": True, "return_token_ids": True},
     )
     chunks = list(resp) if stream else [resp]
-    assert chunks[0].prompt_token_ids == want.prompt_token_ids
-    assert [
-        t for c in chunks for choice in c.choices for t in getattr(choice, "token_ids", None) or []
-    ] == list(want.outputs[0].token_ids)
+    tokens = [t for c in chunks for choice in c.choices for t in getattr(choice, "token_ids", None) or []]
+    return chunks[0].prompt_token_ids, tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_equal_offline_answers(client, tiny_llama_llm, stream):
+    assert [served(client, p, stream) for p in PROMPTS] == offline(tiny_llama_llm, PROMPTS)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_offline_chat(client, tiny_llama_llm, stream):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    want = tiny_llama_llm.chat(MESSAGES, params, use_tqdm=False)[0]
+    assert served_chat(client, MESSAGES, stream) == (want.prompt_token_ids, list(want.outputs[0].token_ids))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -119,3 +131,27 @@ def test_concurrent_mixed_batch_equals_offline(client, tiny_llama_llm):
     with ThreadPoolExecutor(len(prompts)) as pool:
         got = list(pool.map(lambda p: served(client, p), prompts, timeout=2 * server_utils.TIMEOUT))
     assert got == offline(tiny_llama_llm, prompts)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_answers_equal_the_hf_reference(client, raw_tok, models_dir, stream):
+    """The chunked completions (one with a `cache_salt`) and the chunked chat of the differential
+    tests above, and the served odd prompts of test_errors.py, against the HF reference of the
+    chunk semantics (`harness/hf_reference.py`) instead of the engine."""
+    from transformers import AutoTokenizer
+
+    model = cc.hf_reference.load(models_dir / "tiny-llama")
+    for prompt in [*PROMPTS[:3], CONTROL_CHARACTERS, NO_SYSTEM_NO_DOCUMENTS]:
+        ref = cc.reference(model, raw_tok, prompt, MAX_TOKENS)[1]
+        assert served(client, prompt, stream) == [ref.tokens], prompt[:40]
+    salted = served(client, PROMPTS[0], stream, extra_body={"cache_salt": f"hf-{stream}"})
+    assert salted == [cc.reference(model, raw_tok, PROMPTS[0], MAX_TOKENS)[1].tokens]
+    rendered = AutoTokenizer.from_pretrained(models_dir / "tiny-llama").apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
+    exp = cc.expected_structure(raw_tok, rendered, add_special_tokens=False)
+    ref = cc.hf_reference.greedy(
+        model, exp.token_ids, MAX_TOKENS, exp.sys_len, exp.chunk_lens, layout=cc.DEFAULT_LAYOUT
+    )
+    assert len(exp.chunk_lens) == 3
+    assert served_chat(client, MESSAGES, stream) == (exp.token_ids, ref.tokens)

@@ -1,6 +1,12 @@
 """Bad input on a real `vllm serve`: each is a 400 that says what is wrong, or is served as
 documented (docs/user/limits.md), and the server answers a chunked prompt right after it
-on the same connection (the client never retries, so a dropped connection fails the test)."""
+on the same connection (the client never retries, so a dropped connection fails the test).
+
+Differential (the in-process engine is the only oracle): test_no_system_and_no_documents_is_served,
+test_control_characters_in_documents (their prompts' HF check:
+tests/server/test_answers.py::test_greedy_answers_equal_the_hf_reference),
+test_server_ignores_chunk_spans_of_token_id_prompts (token-id prompts against HF:
+test_token_prompts.py), test_thousands_of_tiny_documents (no HF check: ~3,000 HF forwards)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,10 @@ from tests.helpers import server_utils
 
 DOCS = [cc.document(900 + i, 40) for i in range(3)]
 GOOD = cc.chunked(cc.SYS, DOCS, "Which ferry?")
+NO_SYSTEM_NO_DOCUMENTS = "# # # # Just the question?"
+CONTROL_CHARACTERS = cc.chunked(
+    cc.SYS, ["nul\x00inside", "esc \x1b[31mred\x1b[0m", "line\u2028sep\u2028"], "\u2028Which?"
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +84,9 @@ def test_refused_prompts_are_a_400_saying_why(client, good_answer, prompt, match
 
 def test_no_system_and_no_documents_is_served(client, raw_tok, tiny_llama_llm):
     """Only delimiters before a question: an empty SYSTEM (BOS only) and no documents."""
-    choice = complete(client, "# # # # Just the question?")
-    assert choice.prompt_token_ids == cc.expected_structure(raw_tok, "# # # # Just the question?").token_ids
-    assert choice.token_ids == offline_ids(tiny_llama_llm, "# # # # Just the question?")
+    choice = complete(client, NO_SYSTEM_NO_DOCUMENTS)
+    assert choice.prompt_token_ids == cc.expected_structure(raw_tok, NO_SYSTEM_NO_DOCUMENTS).token_ids
+    assert choice.token_ids == offline_ids(tiny_llama_llm, NO_SYSTEM_NO_DOCUMENTS)
 
 
 def test_thousands_of_tiny_documents(client, raw_tok, tiny_llama_llm, good_answer):
@@ -99,9 +109,7 @@ def test_thousands_of_tiny_documents(client, raw_tok, tiny_llama_llm, good_answe
 
 def test_control_characters_in_documents(client, raw_tok, tiny_llama_llm):
     """NUL, ESC and U+2028 are ordinary text; U+2028 around a delimiter is whitespace and eaten."""
-    prompt = cc.chunked(
-        cc.SYS, ["nul\x00inside", "esc \x1b[31mred\x1b[0m", "line\u2028sep\u2028"], "\u2028Which?"
-    )
+    prompt = CONTROL_CHARACTERS
     choice = complete(client, prompt)
     exp = cc.expected_structure(raw_tok, prompt)
     assert len(exp.chunk_lens) == 3 and choice.prompt_token_ids == exp.token_ids

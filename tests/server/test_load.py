@@ -1,6 +1,9 @@
 """The server under random and concurrent input: a hypothesis fuzz (every request answered 200 or
 400 with a message, never 500, never a hang) and 64 concurrent clients on loopback sharing a few
-documents in varying orders (every answer as when asked alone; no pins or pool pages leak)."""
+documents in varying orders (every answer as when asked alone; no pins or pool pages leak).
+
+Differential (the in-process engine is the only oracle): test_64_concurrent_clients_on_cold_documents
+(the HF check of chunked answers through this server: tests/server/test_answers.py)."""
 
 from __future__ import annotations
 

@@ -1,154 +1,16 @@
-"""Chunk cache statistics: Prometheus metrics, the periodic log line, the offline Python API."""
+"""Chunk cache statistics through `vllm serve`: `/metrics` counts a cold request's misses and a warm
+one's hits. Without a server: tests/unit/test_metrics.py (Prometheus, the stats log) and
+tests/engine/test_offline_metrics.py (the periodic log line, the offline Python API)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from types import SimpleNamespace
-
-import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from harness import chunk_cases as cc
 from tests.helpers import server_utils
-from vllm_ascend_chunk.metrics import (
-    COUNTERS,
-    GAUGES,
-    INCREMENTS,
-    ChunkCacheConnectorStats,
-    ChunkCacheMetrics,
-    ChunkCachePromMetrics,
-    chunk_cache_metrics,
-)
+from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 
 LABELS = ["model_name", "engine"]
-
-
-def payload(hits=0, misses=0, usage=0.0, entries=0, pinned=0, since=None, **counters) -> dict:
-    """A scheduler payload with these totals; its increments count from the totals of `since`."""
-    data = dict.fromkeys(COUNTERS, 0) | dict.fromkeys(GAUGES, 0) | {"hits": hits, "misses": misses} | counters
-    data |= {"usage_ratio": usage, "entries": entries, "pinned_entries": pinned}
-    return data | {INCREMENTS: {name: data[name] - (since or {}).get(name, 0) for name in COUNTERS}}
-
-
-@pytest.fixture
-def prom():
-    """Prometheus metrics of two engines in a private registry."""
-    registry = CollectorRegistry()
-    types = {cls: functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram)}
-    config = SimpleNamespace(kv_transfer_config=None)
-    metrics = ChunkCachePromMetrics(config, types, LABELS, {0: ["m", "0"], 1: ["m", "1"]})
-    return metrics, registry
-
-
-def scrape(registry) -> ChunkCacheMetrics:
-    return ChunkCacheMetrics.from_prometheus_text(generate_latest(registry).decode())
-
-
-def test_prometheus_counters_add_the_increments_per_engine(prom):
-    metrics, registry = prom
-    first = payload(hits=2, misses=3, hit_tokens=40, usage=0.25, entries=3, pinned=1)
-    metrics.observe(first, 0)
-    metrics.observe(payload(hits=2, misses=3, hit_tokens=40, usage=0.25, entries=3, pinned=1, since=first), 0)
-    metrics.observe(payload(hits=5, misses=3, hit_tokens=90, usage=0.5, entries=3, since=first), 0)
-    metrics.observe(payload(hits=1, misses=1, chunk_prefills=1, usage=0.1, entries=1), 1)
-    m = scrape(registry)
-    assert (m.hit_count, m.miss_count, m.hit_tokens, m.chunk_prefills) == (6, 4, 90, 1)
-    assert (m.entries, m.pinned_entries) == (4, 0)
-    assert m.usage_ratio == pytest.approx(0.3)  # the mean over engines
-    assert m.hit_rate == pytest.approx(0.6)
-    text = generate_latest(registry).decode()
-    assert 'vllm:chunk_cache_hits_total{engine="0",model_name="m"} 5.0' in text
-
-
-def test_the_coverage_histogram_observes_each_payload_s_values(prom):
-    metrics, registry = prom
-    metrics.observe(payload(coverage=[0.55, 1.0], cover_fallbacks=1), 0)
-    metrics.observe(payload(coverage=[0.95]), 1)
-    text = generate_latest(registry).decode()
-    assert 'vllm:chunk_cache_coverage_bucket{engine="0",le="0.6",model_name="m"} 1.0' in text
-    assert 'vllm:chunk_cache_coverage_count{engine="0",model_name="m"} 2.0' in text
-    assert 'vllm:chunk_cache_coverage_bucket{engine="1",le="0.95",model_name="m"} 1.0' in text
-    assert scrape(registry).cover_fallbacks == 1
-
-
-def test_scrape_without_chunk_metrics_says_why():
-    with pytest.raises(LookupError, match="chunk cache enabled"):
-        ChunkCacheMetrics.from_prometheus_text("vllm:num_requests_running 0.0\n")
-
-
-def test_log_stats_keep_the_latest_totals():
-    stats = ChunkCacheConnectorStats(data={})
-    assert stats.is_empty()
-    stats = ChunkCacheConnectorStats(data=payload(hits=1, misses=1))
-    stats = stats.aggregate(
-        ChunkCacheConnectorStats(
-            data=payload(
-                hits=3, misses=2, usage=0.125, pinned=2, chunk_prefills=1, host_hits=1, remote_hits=2
-            )
-        )
-    )
-    assert not stats.is_empty()
-    assert stats.reduce() == {
-        "chunk_hits": 3,
-        "host_hits": 1,
-        "remote_hits": 2,
-        "chunk_misses": 2,
-        "chunk_hit_rate": "75.0%",
-        "chunk_prefills": 1,
-        "evictions": 0,
-        "pool_usage": "12.5%",
-        "host_usage": "0.0%",
-        "remote_errors": 0,
-        "pinned_entries": 2,
-    }
-
-
-def test_periodic_log_line_has_hit_rate_and_pool_usage(tiny_llama_llm, monkeypatch):
-    """vLLM's own stats logger, fed a chunk cache payload, logs it after the throughput line."""
-    from vllm.v1.metrics import loggers
-    from vllm.v1.metrics.stats import SchedulerStats
-
-    lines = []
-
-    def capture(msg, *args):
-        lines.append(msg % args)
-
-    monkeypatch.setattr(loggers.logger, "info", capture)
-    monkeypatch.setattr(loggers.logger, "debug", capture)
-    stat_logger = loggers.LoggingStatLogger(tiny_llama_llm.llm_engine.vllm_config)
-    stat_logger.record(SchedulerStats(kv_connector_stats=payload(hits=9, misses=1, usage=0.5)), None)
-    stat_logger.log()
-    assert any("Engine 000: Avg prompt throughput" in line for line in lines)
-    assert (
-        "KV Transfer metrics: chunk_hits=9, host_hits=0, remote_hits=0, chunk_misses=1, "
-        "chunk_hit_rate=90.0%, chunk_prefills=0, evictions=0, pool_usage=50.0%, host_usage=0.0%, "
-        "remote_errors=0, pinned_entries=0"
-    ) in lines
-
-
-def test_offline_api_counts_hits_and_misses(tiny_llama_llm):
-    from vllm import SamplingParams
-
-    docs = [cc.document(700 + i, 40) for i in range(3)]
-    params = SamplingParams(max_tokens=2, temperature=0.0)
-    before = chunk_cache_metrics(tiny_llama_llm)
-    tiny_llama_llm.generate([cc.chunked(cc.SYS, docs, "Which ferry?")], params, use_tqdm=False)
-    cold = chunk_cache_metrics(tiny_llama_llm)
-    tiny_llama_llm.generate([cc.chunked(cc.SYS, docs[::-1], "Which ferry?")], params, use_tqdm=False)
-    warm = chunk_cache_metrics(tiny_llama_llm)
-    assert (cold.hit_count - before.hit_count, cold.miss_count - before.miss_count) == (0, 3)
-    assert cold.chunk_prefills - before.chunk_prefills == 3
-    assert (warm.hit_count - cold.hit_count, warm.miss_count - cold.miss_count) == (3, 0)
-    assert warm.hit_tokens - cold.hit_tokens == cold.miss_tokens - before.miss_tokens > 0
-    assert warm.pinned_entries == 0 and 0 < warm.usage_ratio < 1 and warm.entries >= 4
-    assert 0 < warm.hit_rate <= 1
-
-
-def test_offline_api_needs_stats_logging():
-    no_stats = SimpleNamespace(llm_engine=SimpleNamespace(log_stats=False))
-    with pytest.raises(ValueError, match="disable_log_stats=False"):
-        chunk_cache_metrics(no_stats)
 
 
 def test_server_metrics_endpoint(tiny_llama_server):

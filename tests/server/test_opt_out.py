@@ -1,7 +1,7 @@
 """One request opts out of the chunk cache: text that contains `# #` (pasted code, markdown
-rules, earlier turns) is tokenized and served as an ordinary prompt. Server: `vllm_xargs:
-{"chunk_cache": false}`; offline: `SamplingParams(extra_args={"chunk_cache": False})`. Expected
-ids come from the raw `tokenizers` file."""
+rules, earlier turns) is tokenized and served as an ordinary prompt, through `vllm serve`:
+`vllm_xargs: {"chunk_cache": false}`. Expected ids come from the raw `tokenizers` file. Offline
+(`SamplingParams(extra_args={"chunk_cache": False})`): tests/engine/test_offline_opt_out.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import math
 import pytest
 
 from harness import chunk_cases as cc
-from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 TEXT = "def f():\n    # # TODO: handle x\n    return 1\n# # ---\nWhat does f return?"
 MESSAGES = [{"role": "user", "content": TEXT}]
@@ -43,11 +42,6 @@ def rendered_chat(models_dir, messages) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(models_dir / "tiny-llama")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def test_text_with_delimiters_is_chunked_by_default(raw_tok):
-    """The premise: without the opt-out, TEXT is a chunked prompt."""
-    assert cc.expected_structure(raw_tok, TEXT).token_ids != raw_tok.encode(TEXT).ids
 
 
 @pytest.mark.parametrize("value", [False, "false", "0"])
@@ -94,59 +88,3 @@ def test_opted_out_prompt_has_prompt_logprobs(client, raw_tok):
     logprobs = resp.choices[0].logprobs.token_logprobs
     assert len(logprobs) == len(raw_tok.encode(TEXT).ids) + 1
     assert logprobs[0] is None and all(math.isfinite(lp) for lp in logprobs[1:])
-
-
-def test_offline_opt_out_per_request(tiny_llama_llm, raw_tok, scheduled_requests):
-    from vllm import SamplingParams
-
-    off = SamplingParams(max_tokens=1, temperature=0, extra_args={"chunk_cache": False})
-    on = SamplingParams(max_tokens=1, temperature=0)
-    outs = tiny_llama_llm.generate([TEXT, TEXT], [off, on], use_tqdm=False)
-    assert outs[0].prompt_token_ids == raw_tok.encode(TEXT).ids
-    assert outs[1].prompt_token_ids == cc.expected_structure(raw_tok, TEXT).token_ids
-    assert scheduled_requests[0].chunk_cache is None and scheduled_requests[1].chunk_cache is not None
-
-
-def test_offline_chat_opt_out(tiny_llama_llm, raw_tok, models_dir):
-    from vllm import SamplingParams
-
-    off = SamplingParams(max_tokens=1, temperature=0, extra_args={"chunk_cache": "false"})
-    out = tiny_llama_llm.chat(MESSAGES, off, use_tqdm=False)[0]
-    assert (
-        out.prompt_token_ids
-        == raw_tok.encode(rendered_chat(models_dir, MESSAGES), add_special_tokens=False).ids
-    )
-
-
-def test_offline_opt_out_drops_explicit_spans(tiny_llama_llm, raw_tok, scheduled_requests):
-    from vllm import SamplingParams
-
-    exp = cc.expected_structure(raw_tok, TEXT)
-    prompt = {
-        "prompt_token_ids": exp.token_ids,
-        "chunk_spans": {"sys_len": exp.sys_len, "chunk_lens": exp.chunk_lens},
-    }
-    off = SamplingParams(max_tokens=1, temperature=0, extra_args={"chunk_cache": 0})
-    tiny_llama_llm.generate([prompt], off, use_tqdm=False)
-    assert scheduled_requests[0].chunk_cache is None
-
-
-def test_offline_bad_opt_out_value(tiny_llama_llm):
-    from vllm import SamplingParams
-
-    with pytest.raises(ChunkPromptError, match="chunk_cache"):
-        tiny_llama_llm.generate(
-            [TEXT], SamplingParams(max_tokens=1, extra_args={"chunk_cache": "maybe"}), use_tqdm=False
-        )
-
-
-def test_legacy_engine_add_request_opt_out(tiny_llama_llm, raw_tok, scheduled_requests):
-    """`LLMEngine.add_request` with a raw text prompt tokenizes inside `process_inputs`."""
-    from vllm import SamplingParams
-
-    engine = tiny_llama_llm.llm_engine
-    engine.add_request("legacy-off", TEXT, SamplingParams(max_tokens=1, extra_args={"chunk_cache": False}))
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert scheduled_requests[0].prompt_token_ids == raw_tok.encode(TEXT).ids
-    assert scheduled_requests[0].chunk_cache is None

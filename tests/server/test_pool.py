@@ -1,6 +1,9 @@
 """A server with a 32-page (512-token) chunk pool: a chunk set that can never fit is a 400 naming
 VLLM_CHUNK_CACHE_SIZE_GB; requests that fit alone but not together wait for each other's pins and
-evict each other, and all answer as the offline engine does."""
+evict each other, and all answer as the offline engine does.
+
+Differential (the in-process engine is the only oracle): test_requests_that_only_fit_one_at_a_time;
+its HF check is test_answers_from_a_pool_that_evicts_equal_the_hf_reference."""
 
 from __future__ import annotations
 
@@ -90,3 +93,18 @@ def test_requests_that_only_fit_one_at_a_time(small_pool_server, client, tiny_ll
     )
     assert after.miss_count - before.miss_count == 18 and after.evictions > before.evictions
     assert after.pinned_entries == 0 and after.usage_ratio <= 0.9
+
+
+def test_answers_from_a_pool_that_evicts_equal_the_hf_reference(small_pool_server, client, models_dir):
+    """Two requests whose documents (~24 pages each) do not fit together, in turn A, B, A: each
+    answer, cold or with its documents evicted and computed again, is the HF reference."""
+    model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
+    docs = [cc.document(1300 + i, 100) for i in range(6)]
+    a, b = (cc.chunked(cc.SYS, docs[i : i + 3], f"Set {i}?") for i in (0, 3))
+    before = server_utils.metrics(small_pool_server)
+    for prompt in (a, b, a):
+        assert greedy_ids(client, prompt) == cc.reference(model, raw_tok, prompt, 4)[1].tokens, prompt[:40]
+    seen = before.hit_count + before.miss_count + 9  # 3 documents a request
+    after = server_utils.wait_metrics(small_pool_server, lambda m: m.hit_count + m.miss_count == seen)
+    assert after.evictions > before.evictions
+    assert after.miss_count - before.miss_count > 6, "A's second time computes what B evicted"

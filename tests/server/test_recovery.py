@@ -1,8 +1,9 @@
-"""The recovery modes through the shared offline engine (default layout) and server, asked for per
-request: `last[:K]` against the HF reference in which the last document belongs to the
-question's segment (`chunk_cases.reference(..., recovery_docs=1)`), `qattn` against the HF
-`qattn:r/m` plan (`chunk_cases.qattn_reference`). The mode's choice and span
-rewrite: `tests/unit/test_recovery.py`; the server-wide switch in the sequential layout:
+"""The recovery modes through `vllm serve` (default layout), asked for per request: `last[:K]`
+against the HF reference in which the last document belongs to the question's segment
+(`chunk_cases.reference(..., recovery_docs=1)`), `qattn` against the HF `qattn:r/m` plan
+(`chunk_cases.qattn_reference`). The same through the shared offline engine:
+`tests/engine/test_offline_recovery.py`; the mode's choice and span rewrite:
+`tests/unit/test_recovery.py`; the server-wide switch in the sequential layout:
 `tests/engine/test_chunk_engines.py`."""
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import pytest
 
 from harness import chunk_cases as cc
-from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 LAST = {"chunk_cache_recovery": "last"}
 DOCS = [cc.document(500 + i, 50 + 10 * i) for i in range(3)]
@@ -44,30 +44,6 @@ def complete(client, xargs: dict, stream: bool = False) -> tuple[list[int], list
 @pytest.fixture(scope="module")
 def tiny_model(models_dir):
     return cc.hf_reference.load(models_dir / "tiny-llama")
-
-
-def test_a_request_asks_for_last_cold_and_warm(tiny_llama_llm, raw_tok, tiny_model, scheduled_requests):
-    other = cc.chunked(cc.SYS, [DOCS[2], DOCS[0]], "And the other order?")
-    for _ in range(2):  # cold, then every loaded document warm
-        outs = tiny_llama_llm.generate([PROMPT, other], greedy(LAST), use_tqdm=False)
-        for out, text in zip(outs, [PROMPT, other], strict=True):
-            cc.assert_output_matches(out, tiny_model, raw_tok, text, f"last:1: {text[:40]}", 1)
-    lens = cc.expected_structure(raw_tok, PROMPT).chunk_lens
-    info = scheduled_requests[0].chunk_cache
-    assert info.chunk_lens == lens[:2] and len(info.chunk_hashes) == 2
-    plain = tiny_llama_llm.generate([PROMPT], greedy(), use_tqdm=False)[0]  # the same engine, no recovery
-    cc.assert_output_matches(plain, tiny_model, raw_tok, PROMPT, f"last:0: {PROMPT[:40]}", 0)
-    assert scheduled_requests[-1].chunk_cache.chunk_lens == lens
-    two = tiny_llama_llm.generate([PROMPT], greedy({"chunk_cache_recovery": "last:2"}), use_tqdm=False)[0]
-    cc.assert_output_matches(two, tiny_model, raw_tok, PROMPT, f"last:2: {PROMPT[:40]}", 2)
-    assert scheduled_requests[-1].chunk_cache.chunk_lens == lens[:1]
-
-
-def test_a_bad_mode_is_refused_and_the_engine_keeps_serving(tiny_llama_llm):
-    for prompt in [PROMPT, "An ordinary prompt."]:
-        with pytest.raises(ChunkPromptError, match="chunk_cache_recovery"):
-            tiny_llama_llm.generate([prompt], greedy({"chunk_cache_recovery": "all"}), use_tqdm=False)
-    assert tiny_llama_llm.generate([PROMPT], greedy(LAST), use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_the_server_takes_the_mode_from_vllm_xargs(client, raw_tok, tiny_model):

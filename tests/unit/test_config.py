@@ -1,3 +1,4 @@
+import dataclasses
 import re
 
 import pytest
@@ -8,6 +9,8 @@ from vllm_ascend_chunk.config.settings import VARIABLES, ChunkCacheConfig, Chunk
 
 
 def test_defaults_match_the_design():
+    """Every field is written out: one left to `ChunkCacheConfig`'s own default would be compared
+    with itself (both sides read the same row of `VARIABLES`)."""
     cfg = ChunkCacheConfig.from_env({})
     assert cfg == ChunkCacheConfig(
         enabled=True,
@@ -17,8 +20,10 @@ def test_defaults_match_the_design():
         delimiter="# #",
         layout="sequential",
         recovery=Recovery(),
+        host_gb=0.0,
         max_docs=4096,
         max_request_tokens=32768,
+        remote_config=None,
     )
 
 
@@ -107,7 +112,21 @@ def test_remote_settings_that_are_valid_are_kept():
         0.5,
     )
     default = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_REMOTE_MASTER": "store:50051"}).remote_config
-    assert default.metadata_server == "http://store:8080/metadata"
+    assert dataclasses.asdict(default) == {  # every field, none left to `RemoteConfig`'s defaults
+        "master": "store:50051",
+        "metadata_server": "http://store:8080/metadata",
+        "protocol": "tcp",
+        "device_name": "",
+        "segment_bytes": 0,
+        "timeout_s": 5.0,
+        "part_bytes": 16 * 2**20,
+        "local_host": "",
+        "buffer_bytes": 64 * 2**20,
+        "retry_s": 5.0,
+        "queue_bytes": 512 * 2**20,
+        "read_queue": 4096,
+        "secret": None,
+    }
 
 
 SECRET = "k7Qv2-shared-by-every-instance"

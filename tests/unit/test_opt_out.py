@@ -9,6 +9,8 @@ import pytest
 from vllm import PoolingParams, SamplingParams
 from vllm.renderers.params import TokenizeParams
 
+from harness import chunk_cases as cc
+from tests.server.test_opt_out import TEXT
 from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
@@ -99,3 +101,8 @@ def test_tokenize_params_refuse_a_bad_kwarg() -> None:
 def test_params_without_the_field_did_not_opt_out() -> None:
     """E.g. `TokenizeParams` built by code that predates the field."""
     assert opt_out.opted_out(object()) is False
+
+
+def test_text_with_delimiters_is_chunked_by_default(raw_tok):
+    """The premise of the opt-out tests (server and offline): without it, TEXT is a chunked prompt."""
+    assert cc.expected_structure(raw_tok, TEXT).token_ids != raw_tok.encode(TEXT).ids

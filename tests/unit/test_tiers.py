@@ -1,4 +1,4 @@
-"""The tiers below the pool behind one interface (`scheduler.tiers.Tier`): a third backend, the
+"""The tiers below the pool behind one interface (`tiers.base.Tier`): a third backend, the
 test-only `MemoryTier`, joins the manager with no edits to it, under the host tier; a random
 sequence of acquisitions, prefills, fills, evictions and resets keeps the pool's bookkeeping."""
 

@@ -110,8 +110,8 @@ SETTINGS = (
         unless_blank(number(lambda v: v > 0, "a number greater than 0")),
         "",
         "device pool size (GiB per worker), taken out of the KV memory",
-        shown_default="unset: 1/4 of the KV cache memory, at least 256 MiB, at most 8 GiB "
-        "(logged at start-up)",
+        shown_default="unset: 1/4 of the KV cache memory, at least 256 MiB but never more than half of "
+        "it, at most 8 GiB (logged at start-up)",
     ),
     Variable(
         "VLLM_CHUNK_CACHE_LRU_THRESHOLD",
@@ -314,7 +314,7 @@ class RemoteConfig:
     read_queue: int = 4096
     """Bound on the gets waiting for a reader; gets beyond it resolve to `None` at once."""
     secret: bytes | None = dataclasses.field(default=None, repr=False)
-    """The key objects are signed with (`worker.kv_object.SigningKey`); None: unsigned, the store
+    """The key objects are signed with (`tiers.mooncake.kv_object.SigningKey`); None: unsigned, the store
     is trusted. From `VLLM_CHUNK_CACHE_REMOTE_SECRET` or the file `..._SECRET_FILE` names."""
 
     @classmethod
@@ -360,7 +360,7 @@ class ChunkCacheConfig:
     host_gb: float = _default("host_gb")
     """Host memory for entries evicted from the device pool (0: no host tier)."""
     max_docs: int = _default("max_docs")
-    """The most documents one request may bring (`frontend.keys.check_limits`)."""
+    """The most documents one request may bring (`frontend.keys.check_num_docs`)."""
     max_request_tokens: int = _default("max_request_tokens")
     """The most pool rows (page-rounded tokens of SYS and distinct documents) one request may hold."""
     remote_config: RemoteConfig | None = None

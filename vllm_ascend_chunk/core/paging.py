@@ -2,7 +2,7 @@
 and the page index shared by the pool and the host-memory tier.
 
 Pure, no vLLM and no tensors: the pool index (`scheduler.manager`), the host tier's index
-(`scheduler.host_index`), the pool geometry and the scheduler's save and load slots all address
+(`tiers.host.index`), the pool geometry and the scheduler's save and load slots all address
 tokens the same way.
 """
 

@@ -1,5 +1,5 @@
 """ChunkCachePool: the pool tensor, and the moves — save into it, load out of it, and read or
-write rows as host tensors (for the tiers below it, `worker.tiers`).
+write rows as host tensors (for the tiers below it, `tiers.worker_base`).
 
 `[layers, 2, rows, kv_heads, head_size]` in the KV dtype, allocated once after the paged KV
 cache. Rows are addressed by the scheduler (pages of `PAGE_SIZE` rows); the pool never decides.

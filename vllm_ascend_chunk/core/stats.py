@@ -78,7 +78,10 @@ class ChunkCacheStats:
         "Remote objects refused because the secret does not verify them: unsigned, another key's, "
         "forged or altered (every worker)."
     )
-    remote_write_drops: int = _counter("Remote writes dropped because the write queue was full.")
+    remote_write_drops: int = _counter(
+        "Remote writes dropped (every worker): the write queue over its byte bound, the store down or "
+        "full, or K/V that does not match its object's header."
+    )
     coverage: list[float] = _observations(
         "Per scored `cover` request: the fraction of its question's attention over the documents "
         "that falls on exact tokens (the first document and the windows it recomputes; at the "

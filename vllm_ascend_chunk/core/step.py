@@ -3,7 +3,7 @@ workers tell the scheduler back (the KV-connector worker metadata).
 
 Decisions travel as data: the worker executes these operations and never reads scheduler state.
 Order on the worker: copies into the host tier, copies out of it, remote reads started, loads;
-the forward; saves, remote writes; remote reads finished and reported (`worker.tiers`).
+the forward; saves, remote writes; remote reads finished and reported (`tiers.worker_base`).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def engine_identity(vllm_config, lora_request, cache_salt: str | None) -> tuple:
     """Everything besides the tokens that can change the K/V of a chunk: two engines (or two
     instances sharing a store) exchange an entry only if all of it is equal. The weights are
     known by name and revision (and the served name: rename the model when its weights change
-    in place); the TP rank is in the remote object's name (`worker.kv_object`)."""
+    in place); the TP rank is in the remote object's name (`tiers.mooncake.kv_object`)."""
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
     lora = (
         None

@@ -13,7 +13,7 @@ Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitio
 4. `update_state_after_alloc`, PLANNED → LOADING: the chunk region becomes a load (pool rows →
    R's slots), sent to the workers by `build_connector_meta`, LOADING → LOADED (pins released).
    If the prefix cache already holds the whole chunk region: straight to LOADED, no load.
-5. The layout (`layouts.py`) places R's tokens: every step R computes tokens, their RoPE
+5. The layout (`core/layouts.py`) places R's tokens: every step R computes tokens, their RoPE
    positions are lowered by `shift_at` (overlap); or its cached keys are re-rotated on
    load by `load_deltas` (sequential).
 6. `on_preempted`, LOADED (or EXTERNAL) → WAITING (its blocks are gone: plan and load again);
@@ -31,12 +31,13 @@ A prefill's tokens are copied from its paged-cache slots into its pending entrie
 that computes them (`ChunkPrefills.saves`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
 
-Tiers (`scheduler.tiers`): the manager offers missing keys to the host tier (`HostTier`: copies
+Tiers (`tiers.base`): the manager offers missing keys to the host tier (`HostTier`: copies
 sent with the step) and then to the remote store (`RemoteReads`). The tiers' jobs are sent with
 the step, the workers' report goes back to the tiers, and an entry a tier failed to fill while a
-request holds it is computed by a chunk prefill (`ChunkCacheManager.take_refills`); this class
-names no tier beyond building them. Every entry a chunk prefill computed is written to the
-remote store after the step that saved its last tokens.
+request holds it is computed by a chunk prefill (`ChunkCacheManager.take_refills`). This class
+names the two tiers where it builds them and where it plans the remote writes (`has_remote`):
+every entry a chunk prefill computed is written to the remote store after the step that saved
+its last tokens (`ChunkPrefills.saves`), outside the `Tier` interface.
 
 Collaborators, one job each: `ChunkPrefills` (the hidden requests), `ChunkCacheManager` (the
 pool and the tiers below it), `RecomputePlanner` (`qattn`/`cover` passes), `StepBuilder` (the

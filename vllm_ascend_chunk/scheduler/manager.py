@@ -9,10 +9,11 @@ exceeds the LRU threshold.
 A request acquires all its entries at once or nothing, so requests that hold pins always
 progress and the pool never deadlocks.
 
-Tiers (`docs/design/design.md`, Tiers; `scheduler.tiers`). A key missing from the pool is offered to
+Tiers (`docs/design/design.md`, Tiers; `tiers.base`). A key missing from the pool is offered to
 each of `tiers` in order: the host-memory tier fills the new entry with the step's row copies
-(resident at once), the remote store asynchronously (the entry is FETCHING until the workers
-report the read: `fetched`); otherwise it is computed. An entry evicted from the pool is offered
+(resident at once), the remote store by a read its workers wait for at the end of the next step,
+up to `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` (the entry is FETCHING until they report the read:
+`fetched`); otherwise it is computed. An entry evicted from the pool is offered
 to every tier first. The host tier's copies are `TierJobs` that the worker runs at the start of
 the next step, host writes before host reads, before anything else touches the pool; so a page
 freed here and reused at once is only overwritten after its old content has been copied out.
@@ -41,7 +42,7 @@ class EntryState(enum.Enum):
     """Where a pool entry stands. Transitions, by the `ChunkCacheManager` method that makes them:
 
     - `acquire` creates a missing key's entry RESIDENT (a tier fills it with the step: the host
-      tier), FETCHING (a tier fills it asynchronously: the remote store) or COMPUTING (a chunk
+      tier), FETCHING (a tier fills it in a later step: the remote store) or COMPUTING (a chunk
       prefill fills it).
     - `fetched`: FETCHING → RESIDENT if the fill brought the entry; otherwise → COMPUTING while a
       request holds it (it joins `refills`: the coordinator has it computed), else → FREED.

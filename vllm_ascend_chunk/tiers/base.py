@@ -2,14 +2,23 @@
 
 A key missing from the pool is offered to each tier in order (`ChunkCacheManager.tiers`): the
 first that has a copy fills the new entry, either with the step being built (`Fill.NOW`: the
-host tier's row copies; the entry is resident at once) or asynchronously (`Fill.LATER`: the
-remote store's read; the entry is FETCHING until `ChunkCacheManager.fetched` says how it ended).
-An entry evicted from the pool is offered to every tier (`prepare_store`). What the workers must
-do for a tier travels with the next step (`take_jobs`), and their report of the step comes back
-to every tier (`reported`). A new backend is one class with these methods, and neither the
-manager nor the coordinator needs edits (`tests/helpers/memory_tier.py` is one, used by the
-manager's and the coordinator's random operation tests); its workers' side is one class behind
-`worker.tiers.WorkerTier`.
+host tier's row copies; the entry is resident at once) or by the workers in the step that
+carries the read (`Fill.LATER`: the remote store's read, which its workers wait for at that
+step's end, up to `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S`; the entry is FETCHING until their report
+reaches `ChunkCacheManager.fetched`). An entry evicted from the pool is offered to every tier
+(`prepare_store`). What the workers must do for a tier travels with the next step (`take_jobs`),
+and their report of the step comes back to every tier (`reported`).
+
+A new backend is one class with these methods, which the manager never names; its workers' side
+is one class behind `tiers.worker_base.WorkerTier`. Besides those: the coordinator builds the
+scheduler-side tiers and `ChunkCacheWorker` the workers' (an edit to each, with a setting in
+`config/settings.py`); jobs other than host copies and remote reads need fields in `TierJobs`,
+`core.step.ChunkCacheStepMetadata` (filled by `scheduler.step_builder`) and, for a report of
+another kind, `core.step.ChunkCacheWorkerMetadata`; counters of its own go in `core/stats.py`. The
+remote store's writes are planned by the chunk prefills (`ChunkPrefills.saves`), not through this
+interface. `tests/helpers/memory_tier.py` needs none of these only because it is a scheduler-side
+tier without K/V or workers, added to a manager by its tests (the manager's and the coordinator's
+random operation tests).
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ class Fill(enum.Enum):
     NOW = "now"
     """By the step being built, before anything reads the entry: resident at once."""
     LATER = "later"
-    """Asynchronously: FETCHING until the fill ends (`ChunkCacheManager.fetched`)."""
+    """By the workers during the step that carries the job (the remote store's workers wait for
+    its read at that step's end, up to the timeout): FETCHING until their report of that step ends
+    the fill (`ChunkCacheManager.fetched`)."""
 
 
 @dataclass

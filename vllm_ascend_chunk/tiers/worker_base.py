@@ -3,8 +3,9 @@
 `ChunkCacheWorker` runs its tiers in order (the host copies, then the remote store) at three
 points of every step: `start` before the forward and before any load from the pool, `save` after
 the forward once the pool holds what the step computed, and `finish` at the step's end, whose
-reports go back to the scheduler's side of the tiers (`scheduler.tiers.Tier.reported`). A new
-backend is one class with these methods beside its scheduler-side class.
+reports go back to the scheduler's side of the tiers (`tiers.base.Tier.reported`). A new
+backend is one class with these methods beside its scheduler-side class, and an edit to
+`ChunkCacheWorker.register_kv_caches`, which builds them (`tiers.base` says what else it needs).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Per step: `shift_positions` (from the model runner, once the slot mapping is computed from the
 logical positions) lowers the RoPE positions of chunk-path requests in the overlap layout;
-`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`worker.tiers`:
+`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`tiers.worker_base`:
 host copies, remote reads) and copies pool rows into slots; `save` (connector `wait_for_save`,
 after the forward) copies the slots that chunk prefills wrote into pool rows and hands the tiers
 what to keep (remote writes); `report` (connector `build_connector_worker_meta`, the step's end,
@@ -152,7 +152,7 @@ class ChunkCacheWorker:
         if meta.load_deltas and not self._model_bound:  # a model runner without the bind_model hook
             raise RuntimeError(
                 "Chunk Cache: the sequential layout needs the model's RoPE, but the model "
-                "runner never called hooks.bind_model; run scripts/apply_patches.sh"
+                "runner never called vllm_adapter.runner_hooks.bind_model; run scripts/apply_patches.sh"
             )
         if meta.load_deltas and self.rotary is not None:
             deltas = torch.tensor(meta.load_deltas, dtype=torch.int64)  # host: float64 angles

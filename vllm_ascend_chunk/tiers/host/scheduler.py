@@ -1,9 +1,9 @@
-"""HostTier: the host-memory tier behind the `scheduler.tiers.Tier` interface.
+"""HostTier: the host-memory tier behind the `tiers.base.Tier` interface.
 
 Entries evicted from the pool are copied into host rows (`HostIndex` says which), and a missing
 key found there is copied back with the step being built (`Fill.NOW`). The copies are `TierJobs`
 the worker runs at the start of the step, host writes before host reads
-(`worker.host_copies.HostCopies`).
+(`tiers.host.worker.HostCopies`).
 """
 
 from __future__ import annotations

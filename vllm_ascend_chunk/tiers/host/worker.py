@@ -1,4 +1,4 @@
-"""HostCopies: the host-memory tier's rows, the workers' side (`worker.tiers.WorkerTier`).
+"""HostCopies: the host-memory tier's rows, the workers' side (`tiers.worker_base.WorkerTier`).
 
 The rows have the pool's format in host memory (pinned beside an accelerator); the scheduler's
 `HostTier` says which rows hold which entry. At the start of a step, entries evicted from the

@@ -1,4 +1,4 @@
-"""RemoteReads: the remote store behind the `scheduler.tiers.Tier` interface, the scheduler's side.
+"""RemoteReads: the remote store behind the `tiers.base.Tier` interface, the scheduler's side.
 
 A missing key is read from the store while the workers say it is reachable (`Fill.LATER`: the
 entry is FETCHING until the workers report the read; sent with the next step, `take_jobs`); the

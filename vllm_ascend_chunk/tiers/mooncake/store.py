@@ -5,7 +5,9 @@ everything that makes two objects different: entry key, model, rank...; the blob
 checked against the reader's expectation, so a wrong name costs a miss, never wrong KV).
 
 Nothing here blocks the caller or raises because of the store: `put` queues the write for a
-writer thread (dropped, and counted, when the queue is over its byte bound or the store is down),
+writer thread (dropped, and counted in `put_drops`, when the queue is over its byte bound or the
+store is down, then or when the writer gets to it, when the store is full, or when the K/V does
+not match its header),
 `get` queues the read for two reader threads (at most `read_queue` waiting) and returns a future
 that resolves to the tensor or to `None` for every kind of miss; `cancel()` on it before its read
 starts skips the read. Threads: one writer, two readers, one deadline watcher and one connector,

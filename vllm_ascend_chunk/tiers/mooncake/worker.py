@@ -1,4 +1,4 @@
-"""RemoteTier: one worker's side of the shared remote store (`worker.tiers.WorkerTier`) — names,
+"""RemoteTier: one worker's side of the shared remote store (`tiers.worker_base.WorkerTier`) — names,
 headers, reads in flight.
 
 Each worker stores its own shard of an entry (its tensor-parallel heads of its pipeline stage's
@@ -6,9 +6,10 @@ layers) as one object named after the entry's key and the shard (`object_name`);
 covers model, dtypes, LoRA, `cache_salt` and the parallel sizes, and the header
 (`kv_object.KVHeader`) is checked on every read, so an object of another model, format or shard
 is a miss, never wrong KV; with a secret, so is an object its key did not sign. Writes are
-queued and never delay the step. Reads start with the step that asks for them, run while its
-forward does, and are finished at its end: an entry is written into its pool rows only if its
-object arrived whole within the timeout.
+queued: the step copies the entry's rows to host memory, the store's writer thread writes them.
+Reads start with the step that asks for them and run while its forward does; at its end `finish`
+waits for them, up to the timeout: an entry is written into its pool rows only if its object
+arrived whole by then.
 """
 
 from __future__ import annotations
