@@ -7,7 +7,7 @@ the current gauges. vLLM sends a step's stats to one frontend of the engine, and
 servers (`--data-parallel-size`, `--api-server-count`) each one counts what it receives: only
 increments add up there. vLLM's offline engine drops the stats of a step without outputs (all
 hidden chunk prefills), so the scheduler sends no payload with such a step and its increments
-ride with the next one (`vllm_scheduler`). vLLM hands the payload to the
+ride with the next one (`vllm_adapter.scheduler`). vLLM hands the payload to the
 connector class: `build_kv_connector_stats` feeds its periodic stats log ("KV Transfer metrics:
 ..." after the engine's throughput line), `build_prom_metrics` the Prometheus metrics on
 `/metrics` (and `LLM.get_metrics()`). `chunk_cache_metrics` reads them back for offline use.

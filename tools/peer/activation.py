@@ -3,7 +3,7 @@ chunk cache on, and which it refused, so that a mode that claims "on" proves it 
 
 Loaded into vLLM's test session with `-p` when `CHUNK_CACHE_PEER_ACTIVATION` names the JSON file
 to write at its end: `{"active": [test ids], "refused": [test ids]}`. It wraps
-`engine_config.configure`, which the patched `VllmConfig` calls for every config a test builds;
+`config.engine.configure`, which the patched `VllmConfig` calls for every config a test builds;
 an unpatched vLLM never calls it, so a pristine run writes empty lists.
 """
 

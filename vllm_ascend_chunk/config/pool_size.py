@@ -70,7 +70,7 @@ def stage_geometry(vllm_config, pp_rank: int) -> PoolGeometry:
 def _shape(vllm_config) -> PoolGeometry:
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
     layers = max(stage_layers(vllm_config, pp) for pp in range(parallel.pipeline_parallel_size))
-    if layers == 0:  # `engine_config` turns the chunk cache off for such models first
+    if layers == 0:  # `config.engine` turns the chunk cache off for such models first
         raise ValueError("Chunk Cache needs attention layers; this model has none.")
     return PoolGeometry(
         num_layers=layers,
@@ -88,13 +88,13 @@ def configured_pages(shape: PoolGeometry) -> int | None:
 
 
 def recorded(vllm_config, key: str):
-    """What `engine_config.record` put in this engine's config under `key`, if anything."""
+    """What `config.engine.record` put in this engine's config under `key`, if anything."""
     kv = getattr(vllm_config, "kv_transfer_config", None)
     return None if kv is None else (kv.kv_connector_extra_config or {}).get(key)
 
 
 def recorded_pages(vllm_config) -> int | None:
-    """The pool size recorded in this engine's config (`engine_config.record_pages`), if any."""
+    """The pool size recorded in this engine's config (`config.engine.record_pages`), if any."""
     return recorded(vllm_config, PAGES_KEY)
 
 

@@ -354,7 +354,7 @@ class ChunkCacheConfig:
     layout: str = _default("layout")
     """`sequential` (the default, nearest full attention on every quality set: `docs/results/quality.md`)
     or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap`
-    (`engine_config`)."""
+    (`config.engine`)."""
     recovery: Recovery = _default("recovery")
     """What of the document region a request computes with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
     host_gb: float = _default("host_gb")

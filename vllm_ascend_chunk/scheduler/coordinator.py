@@ -78,7 +78,7 @@ class ChunkCacheCoordinator:
         has_remote: bool = False,
         settings: ChunkCacheConfig | None = None,
     ) -> None:
-        """`settings`: the engine's (`engine_config.engine_settings`); the process's by default."""
+        """`settings`: the engine's (`config.engine.engine_settings`); the process's by default."""
         config = settings or get_config()
         self.geometry = geometry
         self.layout = LAYOUTS[config.layout]

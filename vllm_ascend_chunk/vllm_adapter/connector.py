@@ -3,7 +3,7 @@
 vLLM builds one instance per role. The scheduler role defers chunk-path requests until their
 chunks are in the pool, then reports their chunk region as externally computed and emits the
 loads; the worker role owns the pool and executes each step's operations. The connector is
-configured automatically (`engine_config.configure`): alone, or, when the user configures other
+configured automatically (`config.engine.configure`): alone, or, when the user configures other
 KV connectors, as the first child of `ChunkCacheMultiConnector` (vLLM's `MultiConnector` with one
 routing rule, below). `chunk_connector_of` finds it in either.
 
@@ -13,7 +13,7 @@ prefills, hiding their outputs, preemption, stats), all delegated to `ChunkCache
 
 It declares `SupportsHMA` so that vLLM keeps its hybrid KV cache manager on: the chunk cache is
 only configured for models whose layers form a single full-attention KV cache group
-(`engine_config`), where the hybrid manager behaves as the single-group one.
+(`config.engine`), where the hybrid manager behaves as the single-group one.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
 
 class ChunkCacheMultiConnector(MultiConnector):
-    """vLLM's `MultiConnector` with the chunk cache as its first child (`engine_config.configure`).
+    """vLLM's `MultiConnector` with the chunk cache as its first child (`config.engine.configure`).
 
     MultiConnector loads a request from the first child reporting matched tokens and lets every
     child save it. Here a request the chunk cache owns is answered by the chunk cache alone: a

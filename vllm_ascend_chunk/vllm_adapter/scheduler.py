@@ -2,7 +2,7 @@
 as batch rows of one step.
 
 The scheduler side's vLLM adapter, beside the connector (the logic is in `scheduler/`).
-Selected automatically (`engine_config.configure`) as `ChunkCacheScheduler` or, with async
+Selected automatically (`config.engine.configure`) as `ChunkCacheScheduler` or, with async
 scheduling, `ChunkCacheAsyncScheduler`. Everything else is vLLM's own scheduling. They reach the
 chunk cache only through vLLM's KV connector: `ChunkCacheConnector` (its scheduler role), itself
 or a child of `ChunkCacheMultiConnector` next to other connectors.
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 class _ChunkCacheSchedulerMixin:
     connector: KVConnectorBase_V1
-    """Set by vLLM's scheduler; `engine_config.configure` makes it the chunk cache or a
+    """Set by vLLM's scheduler; `config.engine.configure` makes it the chunk cache or a
     `ChunkCacheMultiConnector` holding it."""
     chunk_connector: ChunkCacheConnector
     """The chunk cache's connector (scheduler role), found in `connector`."""
@@ -40,7 +40,7 @@ class _ChunkCacheSchedulerMixin:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         chunk_connector = chunk_connector_of(self.connector)
-        assert chunk_connector is not None, "engine_config.configure sets the chunk cache's connector"
+        assert chunk_connector is not None, "config.engine.configure sets the chunk cache's connector"
         self.chunk_connector = chunk_connector
         self.recovery = chunk_connector.coordinator.recompute
         """The recovery path (`qattn`, `cover`), asked directly: idle unless a request selects."""

@@ -1,7 +1,7 @@
 """`qattn`'s shadow runs as rows of a vLLM step: each run is a request of one step that the
 scheduler does not know (the model runner computes its tokens; nothing is sampled) and that is
 finished for the runner at the next step. Part of the scheduler's vLLM adapter
-(`vllm_scheduler`)."""
+(`vllm_adapter.scheduler`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The chunk cache's counters in vLLM's scheduler stats: the payload goes in the slot vLLM keeps
 for KV connector stats (next to other connectors, under its class name, as `MultiConnector`
 keeps theirs), and is delivered only with stats a frontend records. Part of the scheduler's
-vLLM adapter (`vllm_scheduler`)."""
+vLLM adapter (`vllm_adapter.scheduler`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Whether the remote store works: a worker's Mooncake client, connected and reconnected by a
 thread of its own, which probes the store when an operation failed (only a failed probe is an
-outage; `remote_objects.probe`) and logs one warning per outage and one line when it is back."""
+outage; `objects.probe`) and logs one warning per outage and one line when it is back."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ that resolves to the tensor or to `None` for every kind of miss; `cancel()` on i
 starts skips the read. Threads: one writer, two readers, one deadline watcher and one connector,
 whatever the number of operations.
 
-Objects larger than `part_bytes` are stored in parts (`remote_objects`: a reader never returns KV
+Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
-store works is `remote_health.StoreConnection`'s to tell.
+store works is `health.StoreConnection`'s to tell.
 
 Faults:
 - Store unreachable at start-up or lost mid-run: `up` turns False and one warning is logged per
