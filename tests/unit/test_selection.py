@@ -344,9 +344,14 @@ def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
     assert coord.recompute.shadow_runs({"p": 5}, budget=100, rows=4) == []
     coord.recompute.reposition([plain])
     assert plain.num_computed_tokens == 0 and coord.recompute.take_score_specs({"p": 5}) == {}
+    nothing = qattn_request("n", question_len=1)  # a 1-token question: nothing is recomputed
+    coord.on_new_request(nothing)
+    assert coord.users["n"].selection is None and not coord.recompute.active
+    assert coord.recompute.token_cap(nothing, 5, 0) == 5
     request = qattn_request("q")
     coord.on_new_request(request)
     assert coord.recompute.active and coord.recompute.selecting == {"q"}
+    assert coord.recompute.token_cap(nothing, 5, 0) == 5
     coord.request_finished(request)
     assert not coord.recompute.active
 

@@ -68,7 +68,8 @@ class RecomputePlanner:
         user.selection = Selection.for_spans(
             info, info.select, info.select_runs, cuts, info.cover, info.cover_floor
         )
-        self.selecting.add(user.request.request_id)
+        if user.selection is not None:  # None: nothing to recompute (one document, a 1-token question)
+            self.selecting.add(user.request.request_id)
 
     def detach(self, request_id: str) -> None:
         """The request is finished: nothing of it is planned again."""
