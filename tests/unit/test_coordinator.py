@@ -25,7 +25,7 @@ from tests.helpers.memory_tier import MemoryTier
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.core.paging import pages_for, slot_of
-from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 from vllm_ascend_chunk.scheduler.requests import UserStatus
@@ -90,6 +90,10 @@ class FakeOutput:
     scheduled_new_reqs: list[FakeNewRequest] = field(default_factory=list)
     scheduled_cached_reqs: FakeCachedRequests = field(default_factory=FakeCachedRequests)
 
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
 
 def user_request(
     rid: str,
@@ -114,7 +118,7 @@ def user_request(
 
 
 def coordinator(
-    num_pages: int, priority: bool = False, host_pages: int = 0, has_remote: bool = False
+    num_pages: int, priority: bool = False, host_pages: int = 0, has_remote: bool = False, ranks: int = 1
 ) -> ChunkCacheCoordinator:
     geometry = PoolGeometry(
         num_layers=1,
@@ -125,7 +129,7 @@ def coordinator(
         page_size=PAGE,
         num_host_pages=host_pages,
     )
-    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority, has_remote=has_remote)
+    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority, has_remote=has_remote, ranks=ranks)
 
 
 def prefill_request(prefill: ChunkPrefill) -> FakeRequest:
@@ -235,7 +239,7 @@ def test_reads_from_the_remote_store_that_arrive_load_and_those_that_fail_are_co
     meta = coord.build_connector_meta(FakeOutput({}))
     assert [read.key for read in meta.remote_reads] == [e.key for e in coord.users["r"].entries]
     coord.update_connector_output(
-        ChunkCacheWorkerMetadata(reads={r.read_id: True for r in meta.remote_reads})
+        ChunkCacheWorkerMetadata(reads={0: {r.read_id: True for r in meta.remote_reads}})
     )
     assert coord.plan() == [] and coord.users["r"].ready
     assert len(admit(coord, arrive).load_rows) == arrive.chunk_cache.question_start
@@ -246,7 +250,7 @@ def test_reads_from_the_remote_store_that_arrive_load_and_those_that_fail_are_co
     meta = coord.build_connector_meta(FakeOutput({}))
     assert len(meta.remote_reads) == 2
     coord.update_connector_output(
-        ChunkCacheWorkerMetadata(reads={r.read_id: False for r in meta.remote_reads})
+        ChunkCacheWorkerMetadata(reads={0: {r.read_id: False for r in meta.remote_reads}})
     )
     prefills = coord.plan()
     assert [p.entries for p in prefills] == [[e] for e in coord.users["q"].entries[1:]]
@@ -438,6 +442,31 @@ def test_priority_order_plans_the_higher_priority_request_first():
     assert coord.users["low"].status is UserStatus.WAITING and len(prefills) == 1
 
 
+def test_a_read_ends_when_every_rank_has_reported_it_in_whatever_step():
+    """Ranks end a read in different steps: the entry waits for the last, and is resident only
+    if every rank's shard arrived."""
+    coord = coordinator(64, has_remote=True, ranks=2)
+    good, bad = user_request("r", [b"d0"], sys_len=0), user_request("q", [b"d1"], sys_len=0)
+    for request in (good, bad):
+        coord.on_new_request(request)
+    assert coord.plan() == []
+    meta = coord.build_connector_meta(FakeOutput({}))
+    assert meta.idle, "a step in which no request computes"
+    (read_good, read_bad) = meta.remote_reads
+    coord.update_connector_output(ChunkCacheWorkerMetadata(reads={1: {read_good.read_id: True}}))
+    coord.update_connector_output(ChunkCacheWorkerMetadata(reads={0: {read_bad.read_id: True}}))
+    assert coord.plan() == [] and not coord.users["r"].ready and not coord.users["q"].ready
+    coord.update_connector_output(
+        ChunkCacheWorkerMetadata(reads={0: {read_good.read_id: True}, 1: {read_bad.read_id: False}})
+    )
+    assert coord.users["r"].ready
+    prefills = coord.plan()  # rank 1's shard of d1 is missing: d1 is computed
+    assert [p.entries for p in prefills] == [coord.users["q"].entries]
+    stats = coord.manager.stats
+    assert (stats.remote_reads, stats.remote_hits, stats.remote_read_failures) == (2, 1, 1)
+    assert not coord.build_connector_meta(FakeOutput({"r": 1})).idle
+
+
 # -- random operation sequences ------------------------------------------------------------------
 class CoordinatorMachine(RuleBasedStateMachine):
     """vLLM's scheduler in miniature around a real coordinator, with a pool that remembers which
@@ -456,6 +485,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.host_rows: dict[int, tuple[bytes, int, int]] = {}
         self.store: dict[bytes, int] = {}
         """The remote store: key → generation of the K/V written under it."""
+        self.pending_reads: list[tuple[RemoteRead, set[int]]] = []
+        """Remote reads started and the worker ranks that have not ended them yet."""
+        self.ranks = 1
         self.n = 0
 
     @initialize(
@@ -463,9 +495,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         priority=st.booleans(),
         host_pages=st.sampled_from([0, 0, 3, 6, 12]),
         has_remote=st.booleans(),
+        ranks=st.sampled_from([1, 2]),
     )
-    def start(self, num_pages: int, priority: bool, host_pages: int, has_remote: bool) -> None:
-        self.coord = coordinator(num_pages, priority, host_pages, has_remote)
+    def start(self, num_pages: int, priority: bool, host_pages: int, has_remote: bool, ranks: int) -> None:
+        self.coord = coordinator(num_pages, priority, host_pages, has_remote, ranks)
+        self.ranks = ranks
 
     @rule(
         docs=st.lists(st.sampled_from(sorted(DOCS)), min_size=1, max_size=4),
@@ -516,6 +550,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             meta,
             arrives=lambda: data.draw(st.sampled_from([True, True, False])),
             up=data.draw(st.sampled_from([True, True, True, False])) if coord.has_remote else None,
+            ends=lambda: data.draw(st.sampled_from([True, True, False])),
         )
         for prefill in ran:
             self.prefills_todo.pop(prefill.request_id)
@@ -558,15 +593,23 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert held == [(write.key, t, generation) for t in range(len(held))], "wrong K/V written"
             self.store[write.key] = generation
 
-    def _read_remote(self, meta: ChunkCacheStepMetadata, arrives, up: bool | None) -> None:
-        """The step's end: each read brings its object if the store has it and `arrives()`."""
-        reads = {}
-        for read in meta.remote_reads:
-            ok = read.key in self.store and arrives()
-            if ok:
-                generation = self.store[read.key]
-                self.rows.update({r: (read.key, t, generation) for t, r in enumerate(read.rows)})
-            reads[read.read_id] = ok
+    def _read_remote(self, meta: ChunkCacheStepMetadata, arrives, up: bool | None, ends=lambda: True) -> None:
+        """The step's end: each rank ends each of its pending reads now if `ends()`, else in a
+        later step; a read brings its rank's shard if the store has the object and `arrives()`
+        (rank 0's shard stands for the rows)."""
+        self.pending_reads += [(read, set(range(self.ranks))) for read in meta.remote_reads]
+        reads: dict[int, dict[int, bool]] = {}
+        for read, ranks_left in self.pending_reads:
+            for rank in sorted(ranks_left):
+                if not ends():
+                    continue
+                ranks_left.discard(rank)
+                ok = read.key in self.store and arrives()
+                if ok and rank == 0:
+                    generation = self.store[read.key]
+                    self.rows.update({r: (read.key, t, generation) for t, r in enumerate(read.rows)})
+                reads.setdefault(rank, {})[read.read_id] = ok
+        self.pending_reads = [(read, left) for read, left in self.pending_reads if left]
         if reads or up is not None:
             self.coord.update_connector_output(
                 ChunkCacheWorkerMetadata(reads=reads, remote_up={} if up is None else {0: up})
@@ -635,9 +678,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """Drain: with every prefill run and every ready request admitted, all requests load and
-        the pool ends with no pins and no pending entries (no deadlock, no starvation)."""
+        the pool ends with no pins and no pending entries (no deadlock, no starvation). Steps run
+        while reads are out, as vLLM's engine steps while it has requests (a read outliving every
+        request ends in the next step the engine runs)."""
         for _ in range(40):
-            if not (self.waiting or self.prefills_todo or self.prefills_ran or self.coord.manager.refills):
+            busy = self.waiting or self.prefills_todo or self.prefills_ran or self.pending_reads
+            if not (busy or self.coord.manager.refills):
                 break
             for prefill in self.coord.plan():
                 self.prefills_todo[prefill.request_id] = prefill

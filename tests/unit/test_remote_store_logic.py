@@ -21,7 +21,7 @@ import torch
 
 from harness.mooncake_store import wait_for
 from tests.store.test_kv_object import header as kv_header
-from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool
+from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool, reported_reads
 from vllm_ascend_chunk.config.settings import RemoteConfig
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode, object_size
@@ -463,7 +463,7 @@ def test_tensor_parallel_shards_round_trip_between_engines(
             ),
             pool,
         )
-        assert tier.finish(pool).reads == {1: True}
+        assert reported_reads(tier, pool) == {1: True}
         assert torch.equal(pool.kv[:, :, 11:16], shard.kv[:, :, 0:5])
     for tier in [*ranks(1), ranks(2, model="other")[0]]:
         pool = make_pool()
@@ -471,4 +471,4 @@ def test_tensor_parallel_shards_round_trip_between_engines(
             ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=2, key=b"doc", rows=[0, 1, 2, 3, 4])]),
             pool,
         )
-        assert tier.finish(pool).reads == {2: False}
+        assert reported_reads(tier, pool) == {2: False}

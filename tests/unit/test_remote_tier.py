@@ -1,5 +1,6 @@
 """`RemoteTier` without Mooncake processes (tests/store/ runs the real ones): one worker's side
-(object names per tensor-parallel shard and pipeline stage, headers, reads that end with the step) against a
+(object names per tensor-parallel shard and pipeline stage, headers, reads that end in whichever step
+they arrive, or at their deadline) against a
 stand-in `RemoteStore` whose futures the tests settle themselves. `RemoteStore` itself:
 test_remote_store_logic.py.
 """
@@ -19,7 +20,7 @@ from vllm_ascend_chunk.core.pool import ChunkCachePool
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, KVHeader, SigningKey, encode
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStoreStats
-from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier, ShardIdentity, object_name
+from vllm_ascend_chunk.tiers.mooncake.worker import IDLE_WAIT_S, RemoteTier, ShardIdentity, object_name
 
 RETRY_S = 0.1
 CPU = torch.device("cpu")
@@ -27,6 +28,9 @@ GEOMETRY = PoolGeometry(
     num_layers=2, num_kv_heads=2, head_size=8, dtype=torch.float32, num_pages=4, page_size=4
 )
 IDENTITY = ShardIdentity(model="tiny-llama", layout="overlap", tp_rank=0, tp_size=1)
+STEP = ChunkCacheStepMetadata()
+"""A step in which requests compute (not idle) and the tier has nothing new to do."""
+IDLE = ChunkCacheStepMetadata(idle=True)
 
 
 # -- a pool whose rows the tier reads and writes -----------------------------------------------
@@ -80,8 +84,19 @@ def stand_in_tier(
 ) -> tuple[RemoteTier, StandInStore]:
     store = StandInStore(timeout_s)
     tier = RemoteTier(store, GEOMETRY, identity)  # type: ignore[arg-type]
-    tier.finish(make_pool())  # the first report (store up, counters): a fresh tier has nothing new after it
+    tier.finish(STEP, make_pool())  # the first report (store up, counters): nothing new after it
     return tier, store
+
+
+def reported_reads(tier: RemoteTier, pool: ChunkCachePool, timeout_s: float = 10.0) -> dict[int, bool]:
+    """Idle steps until the tier reports reads (a real store's arrive in its reader threads):
+    what it reported for its rank."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        report = tier.finish(IDLE, pool)
+        if report is not None and report.reads:
+            return report.reads[tier.identity.rank]
+    raise AssertionError(f"no read reported within {timeout_s} s")
 
 
 def kv_of(tier: RemoteTier, key: bytes, num_tokens: int, seed: int) -> torch.Tensor:
@@ -150,50 +165,75 @@ def test_reads_that_arrive_are_written_into_their_rows_and_reported() -> None:
     kv = kv_of(tier, b"a", 2, seed=2)
     got_a.set_result(kv)
     got_b.set_result(None)  # a miss
-    report = tier.finish(pool)
-    assert report.reads == {7: True, 8: False}
+    report = tier.finish(STEP, pool)
+    assert report.reads == {0: {7: True, 8: False}}
     assert report.remote_up == {0: True} and report.remote_counters == {0: dataclasses.asdict(store.counters)}
     assert torch.equal(pool.kv[:, :, [8, 9]], kv)
     untouched = [r for r in range(GEOMETRY.num_rows) if r not in (8, 9)]
     assert not pool.kv[:, :, untouched].any()
-    assert tier.finish(pool) is None, "a read was reported twice"
+    assert tier.finish(STEP, pool) is None, "a read was reported twice"
 
 
-def test_reads_not_arrived_by_the_deadline_miss_once_for_the_whole_step() -> None:
+def test_a_step_never_waits_for_reads_they_end_when_they_arrive_or_at_their_deadline() -> None:
     timeout_s = 0.4
     tier, store = stand_in_tier(timeout_s)
     pool = make_pool()
-    reads = [RemoteRead(read_id=i, key=bytes([i]), rows=[i]) for i in range(4)]
+    reads = [RemoteRead(read_id=i, key=bytes([i]), rows=[i]) for i in range(5)]
     tier.start(ChunkCacheStepMetadata(remote_reads=reads), pool)
     store.gets[1][2].set_running_or_notify_cancel()  # a read under way: it cannot be cancelled
-    late = kv_of(tier, b"\x03", 1, seed=3)
-    store.gets[3][2].set_result(late)  # behind the stuck ones, arrived in time
+    first = kv_of(tier, b"\x03", 1, seed=3)
+    store.gets[3][2].set_result(first)  # behind the stuck ones, arrived in the first step
     start = time.monotonic()
-    report = tier.finish(pool)
-    took = time.monotonic() - start
-    assert timeout_s - 0.05 < took < 2 * timeout_s, "the step waited more than one timeout"
-    assert report.reads == {0: False, 1: False, 2: False, 3: True}
+    report = tier.finish(STEP, pool)
+    assert time.monotonic() - start < timeout_s / 4, "a step waited for reads"
+    assert report.reads == {0: {3: True}}
+    assert torch.equal(pool.kv[:, :, [3]], first)
+    later = kv_of(tier, b"\x04", 1, seed=5)
+    store.gets[4][2].set_result(later)  # arrives while a later step runs
+    assert tier.finish(STEP, pool).reads == {0: {4: True}}
+    time.sleep(timeout_s)
+    assert tier.finish(STEP, pool).reads == {0: {0: False, 1: False, 2: False}}  # past the deadline
     assert store.gets[0][2].cancelled() and store.gets[2][2].cancelled()  # queued: skipped, no transfer
-    # The read under way arrives after the step gave up on it: its rows are not written.
+    # The read under way arrives after the tier gave up on it: its rows are not written.
     store.gets[1][2].set_result(kv_of(tier, b"\x01", 1, seed=4))
-    assert tier.finish(pool) is None
-    assert torch.equal(pool.kv[:, :, [3]], late)
+    assert tier.finish(STEP, pool) is None
+    assert torch.equal(pool.kv[:, :, [4]], later)
     assert not pool.kv[:, :, :3].any()
+
+
+def test_an_idle_step_waits_briefly_for_a_read_and_no_longer_than_its_deadline() -> None:
+    tier, store = stand_in_tier(timeout_s=5.0)
+    pool = make_pool()
+    tier.start(ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=1, key=b"a", rows=[0])]), pool)
+    start = time.monotonic()
+    assert tier.finish(IDLE, pool) is None  # nothing arrived: waited, then nothing new
+    assert IDLE_WAIT_S * 0.9 <= time.monotonic() - start < 0.5
+    settle = concurrent.futures.ThreadPoolExecutor(1)
+    settle.submit(lambda: (time.sleep(IDLE_WAIT_S / 4), store.gets[0][2].set_result(None)))
+    assert tier.finish(IDLE, pool).reads == {0: {1: False}}  # ended while the idle step waited
+    settle.shutdown()
+    start = time.monotonic()
+    assert tier.finish(IDLE, pool) is None and time.monotonic() - start < IDLE_WAIT_S / 2, "no reads: no wait"
+    short, store = stand_in_tier(timeout_s=0.0)
+    short.start(ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=2, key=b"b", rows=[0])]), pool)
+    start = time.monotonic()
+    assert short.finish(IDLE, pool).reads == {0: {2: False}}  # past its deadline: no wait
+    assert time.monotonic() - start < IDLE_WAIT_S / 2
 
 
 def test_the_store_state_is_reported_when_it_changes() -> None:
     tier, store = stand_in_tier()
     pool = make_pool()
-    assert tier.finish(pool) is None
+    assert tier.finish(STEP, pool) is None
     store.counters.misses += 1
-    report = tier.finish(pool)
+    report = tier.finish(STEP, pool)
     assert report.reads == {} and report.remote_counters[0]["misses"] == 1 and report.remote_up == {0: True}
-    assert tier.finish(pool) is None
+    assert tier.finish(STEP, pool) is None
     store.up = False
-    assert tier.finish(pool).remote_up == {0: False}
-    assert tier.finish(pool) is None
+    assert tier.finish(STEP, pool).remote_up == {0: False}
+    assert tier.finish(STEP, pool) is None
     store.up = True
-    assert tier.finish(pool).remote_up == {0: True}
+    assert tier.finish(STEP, pool).remote_up == {0: True}
 
 
 def test_each_worker_reports_under_its_own_rank() -> None:
@@ -204,8 +244,8 @@ def test_each_worker_reports_under_its_own_rank() -> None:
         pool = make_pool()
         tier.start(ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=1, key=b"a", rows=[0])]), pool)
         store.gets[0][2].set_result(None)
-        report = tier.finish(pool)
-        assert set(report.remote_up) == set(report.remote_counters) == {rank}
+        report = tier.finish(STEP, pool)
+        assert set(report.reads) == set(report.remote_up) == set(report.remote_counters) == {rank}
 
 
 def test_close_closes_the_store() -> None:

@@ -3,7 +3,8 @@ workers tell the scheduler back (the KV-connector worker metadata).
 
 Decisions travel as data: the worker executes these operations and never reads scheduler state.
 Order on the worker: copies into the host tier, copies out of it, remote reads started, loads;
-the forward; saves, remote writes; remote reads finished and reported (`tiers.worker_base`).
+the forward; saves, remote writes; the remote reads that ended by then reported
+(`tiers.worker_base`; a read may take several steps).
 """
 
 from __future__ import annotations
@@ -76,14 +77,19 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
     position of every token they compute (overlap layout: `sum(len(C_i)) - max(len(C_i))`)."""
     scores: dict[str, ScoreSpec] = field(default_factory=dict)
     """`qattn` requests whose question piece this step computes: request id → what to score."""
+    idle: bool = False
+    """No request computes tokens this step (every one waits, e.g. on remote reads): a worker
+    may wait a little for its reads at the step's end rather than end it at once."""
 
 
 @dataclass
 class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
     """A step's report from the workers; reports of several workers are merged (`aggregate`)."""
 
-    reads: dict[int, bool] = field(default_factory=dict)
-    """`RemoteRead.read_id` → whether the entry is now in the pool rows (on every worker)."""
+    reads: dict[int, dict[int, bool]] = field(default_factory=dict)
+    """Worker rank (`ShardIdentity.rank`) → the reads it ended since its last report:
+    `RemoteRead.read_id` → whether its shard of the entry is now in the pool rows. Ranks end a
+    read in different steps; the scheduler counts it read once every rank has (`RemoteReads`)."""
     remote_up: dict[int, bool] = field(default_factory=dict)
     """Worker rank (`ShardIdentity.rank`) → whether its remote store is reachable (no entry: the
     rank has no remote tier, or nothing new to report; the scheduler keeps each rank's last one)."""
@@ -106,8 +112,6 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> ChunkCacheWorkerMetadata:
         assert isinstance(other, ChunkCacheWorkerMetadata)
-        reads = {i: ok and other.reads.get(i, False) for i, ok in self.reads.items()}
-        reads.update({i: False for i in other.reads.keys() - reads.keys()})
         scores = dict(self.scores)
         for rid, theirs in other.scores.items():
             ours = scores.get(rid, [])
@@ -116,7 +120,7 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
             else:
                 scores[rid] = [a + b for a, b in zip(ours, theirs, strict=True)] if ours else theirs
         return ChunkCacheWorkerMetadata(
-            reads=reads,
+            reads={**self.reads, **other.reads},
             remote_up={**self.remote_up, **other.remote_up},
             remote_counters={**self.remote_counters, **other.remote_counters},
             scores=scores,

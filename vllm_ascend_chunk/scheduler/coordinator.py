@@ -77,8 +77,10 @@ class ChunkCacheCoordinator:
         priority_order: bool = False,
         has_remote: bool = False,
         settings: ChunkCacheConfig | None = None,
+        ranks: int = 1,
     ) -> None:
-        """`settings`: the engine's (`config.engine.engine_settings`); the process's by default."""
+        """`settings`: the engine's (`config.engine.engine_settings`); the process's by default.
+        `ranks`: the engine's worker ranks (each reads its shard of a remote entry)."""
         config = settings or get_config()
         self.geometry = geometry
         self.layout = LAYOUTS[config.layout]
@@ -91,7 +93,7 @@ class ChunkCacheCoordinator:
                 geometry.num_host_pages, geometry.page_size, self.manager.stats, geometry.bytes_per_token
             )
             self.manager.add_tier(host)
-        self.remote = RemoteReads(self.manager, has_remote)
+        self.remote = RemoteReads(self.manager, has_remote, ranks)
         self.users: dict[str, UserRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)
         self.recompute = RecomputePlanner(self.users, self.layout, block_size, self.manager.stats)
@@ -246,6 +248,7 @@ class ChunkCacheCoordinator:
             self.manager.take_jobs(),
             {**shifts, **self.recompute.take_shifts()},
             self.recompute.take_score_specs(scheduled),
+            idle=not scheduler_output.total_num_scheduled_tokens,
         )
         # The loads run in this step's forward, before any later step can reuse the rows.
         for user in self._step.loaded:

@@ -11,12 +11,13 @@ progress and the pool never deadlocks.
 
 Tiers (`docs/design/design.md`, Tiers; `tiers.base`). A key missing from the pool is offered to
 each of `tiers` in order: the host-memory tier fills the new entry with the step's row copies
-(resident at once), the remote store by a read its workers wait for at the end of the next step,
-up to `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` (the entry is FETCHING until they report the read:
-`fetched`); otherwise it is computed. An entry evicted from the pool is offered
-to every tier first. The host tier's copies are `TierJobs` that the worker runs at the start of
-the next step, host writes before host reads, before anything else touches the pool; so a page
-freed here and reused at once is only overwritten after its old content has been copied out.
+(resident at once), the remote store by a read that its workers start with the next step and end
+in whichever later step it arrives, or as a miss after `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` (the
+entry is FETCHING until every rank has reported the read: `fetched`); otherwise it is computed.
+An entry evicted from the pool is offered to every tier first. The host tier's copies are
+`TierJobs` that the worker runs at the start of the next step, host writes before host reads,
+before anything else touches the pool; so a page freed here and reused at once is only
+overwritten after its old content has been copied out.
 
 A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
 or still being computed or read keeps its pages until that ends (a DROPPED_ state), so no page is

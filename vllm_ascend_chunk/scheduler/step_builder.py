@@ -26,11 +26,16 @@ class StepBuilder:
             self.meta.load_deltas += deltas
 
     def build(
-        self, saves: Saves, jobs: TierJobs, shifts: dict[str, int], scores: dict[str, ScoreSpec]
+        self,
+        saves: Saves,
+        jobs: TierJobs,
+        shifts: dict[str, int],
+        scores: dict[str, ScoreSpec],
+        idle: bool = False,
     ) -> ChunkCacheStepMetadata:
         """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`,
-        the position `shifts` of its scheduled chunk-path requests and shadow runs and the `scores`
-        to take."""
+        the position `shifts` of its scheduled chunk-path requests and shadow runs, the `scores`
+        to take, and whether the step computes nothing (`idle`)."""
         meta = self.meta
         meta.save_rows, meta.save_slots, meta.remote_writes = saves.rows, saves.slots, saves.writes
         meta.host_write_from, meta.host_write_to = jobs.write_from, jobs.write_to
@@ -38,4 +43,5 @@ class StepBuilder:
         meta.remote_reads = jobs.remote_reads
         meta.position_shifts = shifts
         meta.scores = scores
+        meta.idle = idle
         return meta

@@ -2,12 +2,13 @@
 
 A key missing from the pool is offered to each tier in order (`ChunkCacheManager.tiers`): the
 first that has a copy fills the new entry, either with the step being built (`Fill.NOW`: the
-host tier's row copies; the entry is resident at once) or by the workers in the step that
-carries the read (`Fill.LATER`: the remote store's read, which its workers wait for at that
-step's end, up to `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S`; the entry is FETCHING until their report
-reaches `ChunkCacheManager.fetched`). An entry evicted from the pool is offered to every tier
-(`prepare_store`). What the workers must do for a tier travels with the next step (`take_jobs`),
-and their report of the step comes back to every tier (`reported`).
+host tier's row copies; the entry is resident at once) or by the workers from the step that
+carries the read on (`Fill.LATER`: the remote store's read, which ends in whichever step its
+object arrives, or as a miss `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` after it, without holding any
+step; the entry is FETCHING until every rank's report reaches `ChunkCacheManager.fetched`). An
+entry evicted from the pool is offered to every tier (`prepare_store`). What the workers must do
+for a tier travels with the next step (`take_jobs`), and their report of the step comes back to
+every tier (`reported`).
 
 A new backend is one class with these methods, which the manager never names; its workers' side
 is one class behind `tiers.worker_base.WorkerTier`. Besides those: the coordinator builds the
@@ -42,9 +43,9 @@ class Fill(enum.Enum):
     NOW = "now"
     """By the step being built, before anything reads the entry: resident at once."""
     LATER = "later"
-    """By the workers during the step that carries the job (the remote store's workers wait for
-    its read at that step's end, up to the timeout): FETCHING until their report of that step ends
-    the fill (`ChunkCacheManager.fetched`)."""
+    """By the workers from the step that carries the job on, across as many steps as it takes
+    (the remote store's read, up to the timeout): FETCHING until their reports end the fill
+    (`ChunkCacheManager.fetched`); the requests that need the entry wait, no one else does."""
 
 
 @dataclass

@@ -70,6 +70,8 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 priority_order=priority,
                 has_remote=settings.remote_config is not None,
                 settings=settings,
+                ranks=vllm_config.parallel_config.tensor_parallel_size
+                * vllm_config.parallel_config.pipeline_parallel_size,
             )
         else:
             from vllm.distributed.parallel_state import get_pp_group, model_parallel_is_initialized
@@ -170,8 +172,10 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.chunk_worker.save(meta)
 
     def build_connector_worker_meta(self) -> ChunkCacheWorkerMetadata | None:
-        """The step's end (with or without a forward): remote reads finished and reported."""
-        return self.chunk_worker.report()
+        """The step's end (with or without a forward): the remote reads that ended, reported."""
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ChunkCacheStepMetadata)
+        return self.chunk_worker.report(meta)
 
     def shutdown(self) -> None:
         if self.chunk_worker is not None:

@@ -6,8 +6,8 @@ logical positions) lowers the RoPE positions of chunk-path requests in the overl
 host copies, remote reads) and copies pool rows into slots; `save` (connector `wait_for_save`,
 after the forward) copies the slots that chunk prefills wrote into pool rows and hands the tiers
 what to keep (remote writes); `report` (connector `build_connector_worker_meta`, the step's end,
-with or without a forward) finishes the tiers' jobs and returns their reports and the `qattn`
-scores. Nothing but the scorer
+with or without a forward) collects the tiers' jobs that ended (remote reads may take several
+steps) and returns their reports and the `qattn` scores. Nothing but the scorer
 (`worker/scoring.py`, one layer, only in steps with question pieces to score) runs inside the
 attention op, so a forward replayed from a graph is handled the same.
 """
@@ -174,11 +174,11 @@ class ChunkCacheWorker:
         for tier in self.tiers:
             tier.save(meta, self.pool)
 
-    def report(self) -> ChunkCacheWorkerMetadata | None:
-        """The step's end: the tiers' jobs finished, and what the scheduler must know."""
+    def report(self, meta: ChunkCacheStepMetadata) -> ChunkCacheWorkerMetadata | None:
+        """The step's end: the tiers' jobs that ended, and what the scheduler must know."""
         scores = self.scorer.take() if self.scorer is not None else dict.fromkeys(self._unscored)
         self._unscored = []
-        parts = [part for tier in self.tiers if (part := tier.finish(self.pool)) is not None]
+        parts = [part for tier in self.tiers if (part := tier.finish(meta, self.pool)) is not None]
         if scores:
             parts.append(ChunkCacheWorkerMetadata(scores=scores))
         return ChunkCacheWorkerMetadata.union(parts) if parts else None

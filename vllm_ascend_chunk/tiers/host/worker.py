@@ -40,7 +40,7 @@ class HostCopies:
     def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
         pass
 
-    def finish(self, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+    def finish(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
         return None
 
     def close(self) -> None:

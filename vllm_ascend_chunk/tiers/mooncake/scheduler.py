@@ -1,8 +1,10 @@
 """RemoteReads: the remote store behind the `tiers.base.Tier` interface, the scheduler's side.
 
 A missing key is read from the store while the workers say it is reachable (`Fill.LATER`: the
-entry is FETCHING until the workers report the read; sent with the next step, `take_jobs`); the
-reads not reported yet and the workers' word on the store's state are kept here. An entry whose
+entry is FETCHING until every worker rank has reported the read, in whichever later steps each
+ends it; sent with the next step, `take_jobs`). The requests that need the entry wait meanwhile
+(`ChunkCacheCoordinator.get_num_new_matched_tokens`); every other request keeps being scheduled.
+The reads not reported yet, the ranks' word on each, and on the store's state, are kept here. An entry whose
 read failed is computed instead (`ChunkCacheManager.refills`). Entries reach the store by their
 chunk prefills' writes (`ChunkPrefills.saves`), so an evicted entry is not stored again.
 """
@@ -20,8 +22,9 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 
 class RemoteReads:
-    def __init__(self, manager: TierOwner, enabled: bool) -> None:
-        """With a remote store configured (`enabled`), joins `manager`'s tiers."""
+    def __init__(self, manager: TierOwner, enabled: bool, ranks: int = 1) -> None:
+        """With a remote store configured (`enabled`), joins `manager`'s tiers; `ranks`: the
+        engine's worker ranks (tensor x pipeline parallel), each of which reads its shard."""
         self.manager = manager
         self.stats = manager.stats
         self.enabled = enabled
@@ -30,8 +33,12 @@ class RemoteReads:
         """Whether missing keys are asked of the store before they are computed."""
         if enabled:
             manager.add_tier(self)
+        self.ranks = ranks
         self.in_flight: dict[int, PagedEntry] = {}
-        """Reads planned and not reported yet, by `RemoteRead.read_id`."""
+        """Reads planned and not reported by every rank yet, by `RemoteRead.read_id`."""
+        self._votes: dict[int, dict[int, bool]] = {}
+        """`RemoteRead.read_id` → rank → whether that rank's shard arrived, for the reads some
+        ranks have reported (an entry is read only if every rank's shard arrived)."""
         self._unsent: list[RemoteRead] = []
         """Reads planned for the step being built."""
         self.counters: dict[int, dict[str, int]] = {}
@@ -74,7 +81,8 @@ class RemoteReads:
         return {"remote_up": int(self.reachable)}
 
     def reported(self, report: ChunkCacheWorkerMetadata) -> None:
-        """The workers' report of a step: the store's state and counters, the reads that ended."""
+        """The workers' report of a step: the store's state and counters, the reads that ranks
+        ended (a read ends when the last rank reports it)."""
         if report.remote_up:
             self.up.update(report.remote_up)
             up = all(self.up.values())
@@ -89,5 +97,10 @@ class RemoteReads:
         if report.remote_counters:
             self.counters.update(report.remote_counters)
             self.stats.sum_remote_counters(self.counters.values())
-        for read_id, ok in report.reads.items():
-            self.manager.fetched(self.in_flight.pop(read_id), ok)
+        for rank, reads in report.reads.items():
+            for read_id, ok in reads.items():
+                votes = self._votes.setdefault(read_id, {})
+                votes[rank] = ok
+                if len(votes) == self.ranks:
+                    del self._votes[read_id]
+                    self.manager.fetched(self.in_flight.pop(read_id), all(votes.values()))

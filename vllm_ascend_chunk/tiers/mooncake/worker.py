@@ -7,9 +7,11 @@ covers model, dtypes, LoRA, `cache_salt` and the parallel sizes, and the header
 (`kv_object.KVHeader`) is checked on every read, so an object of another model, format or shard
 is a miss, never wrong KV; with a secret, so is an object its key did not sign. Writes are
 queued: the step copies the entry's rows to host memory, the store's writer thread writes them.
-Reads start with the step that asks for them and run while its forward does; at its end `finish`
-waits for them, up to the timeout: an entry is written into its pool rows only if its object
-arrived whole by then.
+Reads start with the step that asks for them and run in the store's reader threads while this and
+later steps run: no step waits for them. At each step's end `finish` writes the objects that
+arrived whole into their pool rows and reports them; a read not done within the timeout of its
+start is given up (a miss: the entry is computed). Only a step in which no request computes
+(`ChunkCacheStepMetadata.idle`: every request waits) waits, at most `IDLE_WAIT_S`, for one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, KVHeader
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 logger = logging.getLogger("vllm.chunk_cache")
+
+IDLE_WAIT_S = 0.01
+"""How long an idle step (`ChunkCacheStepMetadata.idle`) waits for a read to end: the engine
+steps again at once otherwise, and a new request waits for the step no longer than this."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,14 @@ class ShardIdentity:
         return self.pp_rank * self.tp_size + self.tp_rank
 
 
+@dataclass
+class _PendingRead:
+    read: RemoteRead
+    future: concurrent.futures.Future
+    deadline: float
+    """Given up (a miss) if not done by then: the timeout after the step that started it."""
+
+
 def object_name(key: bytes, identity: ShardIdentity) -> str:
     shard = f"tp{identity.tp_rank}of{identity.tp_size}"
     if identity.pp_size > 1:  # (names without a stage stay those of earlier releases)
@@ -58,7 +72,8 @@ class RemoteTier:
         self.store = store
         self.geometry = geometry
         self.identity = identity
-        self._reads: list[tuple[RemoteRead, concurrent.futures.Future]] = []
+        self._reads: list[_PendingRead] = []
+        """Reads started and not reported yet, in the order they started."""
         self._reported_up: bool | None = None
         self._reported_counters: dict[str, int] | None = None
         if store.signing_key is None and identity.rank == 0:
@@ -89,10 +104,12 @@ class RemoteTier:
         )
 
     def start(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
-        """Start the step's reads (they run while its forward does)."""
+        """Start the step's reads (they run while this and later steps do)."""
+        deadline = time.monotonic() + self.store.config.timeout_s
         for read in meta.remote_reads:
             name = object_name(read.key, self.identity)
-            self._reads.append((read, self.store.get(name, self.header(read.key, len(read.rows)))))
+            future = self.store.get(name, self.header(read.key, len(read.rows)))
+            self._reads.append(_PendingRead(read, future, deadline))
 
     def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
         """Queue the step's writes (entries whose last tokens it saved)."""
@@ -100,30 +117,41 @@ class RemoteTier:
             kv = pool.read_rows(write.rows)
             self.store.put(object_name(write.key, self.identity), self.header(write.key, len(write.rows)), kv)
 
-    def finish(self, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
-        """Wait (up to the timeout) for the reads started this step, write the objects that came
-        into their rows, and report them; None when there is nothing new to report."""
-        deadline = time.monotonic() + self.store.config.timeout_s
+    def finish(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+        """Write the objects that arrived since the last step into their rows, give up the reads
+        past their deadline, and report both; None when there is nothing new to report. Waits
+        only in an idle step, at most `IDLE_WAIT_S`, for a read to end."""
+        if meta.idle and self._reads:
+            wait = min(IDLE_WAIT_S, self._reads[0].deadline - time.monotonic())
+            concurrent.futures.wait(
+                [p.future for p in self._reads], max(0.0, wait), concurrent.futures.FIRST_COMPLETED
+            )
+        now = time.monotonic()
         reads: dict[int, bool] = {}
-        for read, future in self._reads:
-            try:
-                kv = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                future.cancel()  # a read still queued: skipped, no transfer
+        pending = []
+        for p in self._reads:
+            if p.future.done():
+                kv = p.future.result()
+            elif now >= p.deadline:
+                p.future.cancel()  # a read still queued: skipped, no transfer
                 kv = None
+            else:
+                pending.append(p)
+                continue
             if kv is not None:
-                pool.write_rows(read.rows, kv)
-            reads[read.read_id] = kv is not None
-        self._reads = []
+                pool.write_rows(p.read.rows, kv)
+            reads[p.read.read_id] = kv is not None
+        self._reads = pending
         up = self.store.up
         counters = dataclasses.asdict(self.store.stats())
         if not reads and up == self._reported_up and counters == self._reported_counters:
             return None
         self._reported_up, self._reported_counters = up, counters
+        rank = self.identity.rank
         return ChunkCacheWorkerMetadata(
-            reads=reads,
-            remote_up={self.identity.rank: up},
-            remote_counters={self.identity.rank: counters},
+            reads={rank: reads} if reads else {},
+            remote_up={rank: up},
+            remote_counters={rank: counters},
         )
 
     def close(self) -> None:
