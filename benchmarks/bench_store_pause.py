@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""What a paused remote store costs the requests that do not need it (issue 55): one `vllm serve`
+(tiny Llama, the remote tier on a real Mooncake master and store process) through two windows of
+the same traffic, the store running in the first and paused (SIGSTOP) for `--pause-s` in the second.
+
+    python -m benchmarks.bench_store_pause --out results/tiers/store_pause_cpu.json   # ~3 min
+
+The traffic in each window: one client streaming ordinary prompts back to back (`--decode-tokens`
+each, ignore_eos: one outlasts most of a window), whose inter-token latencies vLLM's own histogram
+counts (engine-core timestamps; the window's share of `vllm:inter_token_latency_seconds`); a
+chunked request every `--pool-every-s` whose documents are all in the device pool (TTFT samples);
+and `--store-requests` chunked requests whose documents only the store holds (written by this
+server, then dropped from its pool by a cache reset), sent while the store is paused in the second
+window. Reported per window: ITL mean, p50, p99 and stalls over 1 s, the longest wait for a token
+a client saw inside the pause's span, the pool requests' TTFT p50, the store requests' TTFTs and
+the remote counters; and the paused/running ratios. Ratios come from one run.
+
+Outputs: `--out` JSON (samples, summaries, ratios, the command, the machine) and a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from benchmarks.bench_tiers import settle_writes
+from benchmarks.rag_servers import read_counters, ttft_request
+from harness import rag_workload
+from harness.machine import machine_info
+from harness.mooncake_store import MooncakeProcs
+from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, scrape
+
+NAME = "tiny-rag"
+REMOTE = {
+    "hits": "vllm:chunk_cache_remote_hits_total",
+    "reads": "vllm:chunk_cache_remote_reads_total",
+    "failures": "vllm:chunk_cache_remote_read_failures_total",
+    "up": "vllm:chunk_cache_remote_up",
+}
+DOCS_PER_REQUEST = 2
+ITL = "vllm:inter_token_latency_seconds"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=MODELS / "tiny-llama")
+    ap.add_argument("--pause-s", type=float, default=10.0, help="how long the store is paused")
+    ap.add_argument("--timeout-s", type=float, default=5.0, help="VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S")
+    ap.add_argument("--store-requests", type=int, default=3, help="chunked requests waiting on the store")
+    ap.add_argument("--pool-every-s", type=float, default=0.5, help="a pool-resident chunked request every")
+    ap.add_argument("--decode-tokens", type=int, default=3000, help="tokens per ordinary streamed request")
+    ap.add_argument("--doc-tokens", type=int, default=256)
+    ap.add_argument("--label", default="", help="what the run measures (e.g. the commit), kept in the JSON")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "tiers" / "store_pause_cpu.json")
+    ap.add_argument("--log-dir", type=Path, help="server and store logs (default: a temporary directory)")
+    return ap.parse_args(argv)
+
+
+def itl_histogram(server: VllmServer) -> dict[float, float]:
+    """vLLM's `vllm:inter_token_latency_seconds` (engine-core timestamps of consecutive tokens):
+    upper bound (s) → cumulative count, and the sum under key -1."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(scrape(server.url)):
+        for sample in family.samples:
+            if sample.name == ITL + "_bucket":
+                le = float(sample.labels["le"])
+                out[le] = out.get(le, 0.0) + sample.value
+            elif sample.name == ITL + "_sum":
+                out[-1] = out.get(-1, 0.0) + sample.value
+    return out
+
+
+def itl_summary(before: dict[float, float], after: dict[float, float]) -> dict:
+    """The window's ITLs from the histogram's growth: count, mean, p50 and p99 (interpolated in
+    their bucket, as Prometheus' `histogram_quantile`), and how many took over 1 s (stalls)."""
+    bounds = sorted(b for b in after if b >= 0)
+    cum = [after[b] - before.get(b, 0.0) for b in bounds]
+    count = cum[-1]  # the +Inf bucket
+
+    def quantile(q: float) -> float | None:
+        if not count:
+            return None
+        rank, lo, below = q * count, 0.0, 0.0
+        for b, c in zip(bounds, cum, strict=True):
+            if c >= rank:
+                hi = b if b != float("inf") else lo
+                return 1000 * (lo + (hi - lo) * (rank - below) / max(c - below, 1e-9))
+            lo, below = b, c
+        return None
+
+    over_1s = count - cum[bounds.index(1.0)]
+    return {
+        "itl_count": count,
+        "itl_mean_ms": 1000 * (after[-1] - before.get(-1, 0.0)) / count if count else None,
+        "itl_p50_ms": quantile(0.5),
+        "itl_p99_ms": quantile(0.99),
+        "itl_over_1s": over_1s,
+        "itl_buckets": dict(zip([str(b) for b in bounds], cum, strict=True)),
+    }
+
+
+class Window:
+    """One window of traffic: a decoding client, pool requests on a timer, store requests."""
+
+    def __init__(self, server: VllmServer, args: argparse.Namespace, pool_docs: list[str]) -> None:
+        self.server, self.args, self.pool_docs = server, args, pool_docs
+        self.workload = rag_workload.RagWorkload(doc_tokens=args.doc_tokens)
+        self.stop = threading.Event()
+        self.gaps: list[tuple[float, float]] = []
+        """(time since the window began, gap to the previous token of its request), seconds."""
+        self.decodes: list[dict] = []
+        """Per ordinary request: when it was sent, its TTFT."""
+        self.pool: list[dict] = []
+        self.store: list[dict] = []
+        self.t0 = 0.0
+
+    def run(self, store_docs: list[list[str]], pause: MooncakeProcs | None, seed: int) -> dict:
+        span = self.args.pause_s
+        self.t0 = time.perf_counter()
+        threads = [threading.Thread(target=self._decode, args=(seed,))]
+        threads += [threading.Thread(target=self._pool_requests, args=(seed, span + 1.0))]
+        for i, docs in enumerate(store_docs):  # spread over the pause's first half
+            at = 1.0 + i * span / (2 * max(1, len(store_docs)))
+            threads.append(threading.Thread(target=self._store_request, args=(docs, at, seed + i)))
+        before = self.server.metrics()
+        itl_before = itl_histogram(self.server)
+        for t in threads:
+            t.start()
+        if pause is not None:
+            time.sleep(0.5)
+            pause.pause_for(span)
+        else:
+            time.sleep(0.5 + span)
+        time.sleep(1.0)
+        self.stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        after = read_counters(self.server, before, (REMOTE["reads"],))
+        itl = itl_summary(itl_before, itl_histogram(self.server))
+        counters = {
+            k: after.get(c, 0.0) - (0 if k == "up" else before.get(c, 0.0)) for k, c in REMOTE.items()
+        }
+        return {**itl, **self.summary(counters)}
+
+    def _decode(self, seed: int) -> None:
+        client = openai_client(self.server.url, timeout=300)
+        n = 0
+        while not self.stop.is_set():
+            sent = time.perf_counter()
+            stream = client.completions.create(
+                model=NAME,
+                prompt=rag_workload.question(seed * 1000 + n, 24),
+                max_tokens=self.args.decode_tokens,
+                temperature=0.0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            n += 1
+            times = [time.perf_counter() for chunk in stream if chunk.choices and chunk.choices[0].text]
+            if not times:
+                continue
+            self.decodes.append({"sent_s": sent - self.t0, "ttft_ms": 1000 * (times[0] - sent)})
+            self.gaps += [(t - self.t0, t - prev) for prev, t in zip([sent, *times], times, strict=False)]
+
+    def _pool_requests(self, seed: int, until_s: float) -> None:
+        client = openai_client(self.server.url, timeout=300)
+        i = 0
+        while time.perf_counter() - self.t0 < until_s:
+            start = time.perf_counter() - self.t0
+            q = rag_workload.question(seed * 1000 + 500 + i, 16)
+            r = ttft_request(client, NAME, rag_workload.chunked(self.workload.system, self.pool_docs, q), 2)
+            self.pool.append({"at_s": start, "ttft_ms": 1000 * r["ttft_s"]})
+            i += 1
+            time.sleep(max(0.0, self.args.pool_every_s - r["e2e_s"]))
+
+    def _store_request(self, docs: list[str], at_s: float, seed: int) -> None:
+        time.sleep(max(0.0, at_s - (time.perf_counter() - self.t0)))
+        client = openai_client(self.server.url, timeout=300)
+        q = rag_workload.question(seed * 1000 + 900, 16)
+        r = ttft_request(client, NAME, rag_workload.chunked(self.workload.system, docs, q), 2)
+        self.store.append({"at_s": at_s, "ttft_ms": 1000 * r["ttft_s"]})
+
+    def summary(self, counters: dict) -> dict:
+        """As the clients saw it: the longest wait for a token of an ordinary request inside the
+        pause's span (a gap, or its first token), the pool and store requests' TTFTs. (Single
+        gaps come in bursts from the API server on a busy 2-core machine: the ITL quantiles are
+        the engine's, `itl_summary`.)"""
+        lo, hi = 0.5, 0.5 + self.args.pause_s
+        gaps = [g for t, g in self.gaps if lo <= t <= hi]
+        return {
+            "longest_wait_ms": 1000 * max(gaps, default=0.0),
+            "pool_ttft_p50_ms": statistics.median(s["ttft_ms"] for s in self.pool) if self.pool else None,
+            "pool_ttft_max_ms": max((s["ttft_ms"] for s in self.pool), default=None),
+            "store_ttft_ms": [s["ttft_ms"] for s in sorted(self.store, key=lambda s: s["at_s"])],
+            "remote": counters,
+            "samples": {
+                "decodes": self.decodes,
+                "blocks": self.blocks,
+                "pool": self.pool,
+                "store": self.store,
+            },
+        }
+
+
+def prime(server: VllmServer, args: argparse.Namespace, docs: list[str]) -> None:
+    """Compute `docs` (so the server writes them to the store), then drop them from its pool."""
+    client = openai_client(server.url, timeout=300)
+    workload = rag_workload.RagWorkload(doc_tokens=args.doc_tokens)
+    for i in range(0, len(docs), DOCS_PER_REQUEST):
+        q = rag_workload.question(7_000 + i, 16)
+        ttft_request(
+            client, NAME, rag_workload.chunked(workload.system, docs[i : i + DOCS_PER_REQUEST], q), 1
+        )
+    settle_writes(server)
+    r = requests.post(f"{server.url}/reset_prefix_cache", params={"reset_external": "true"}, timeout=60)
+    r.raise_for_status()
+
+
+def run(args: argparse.Namespace, log_dir: Path) -> dict:
+    workload = rag_workload.RagWorkload(doc_tokens=args.doc_tokens)
+    n = args.store_requests * DOCS_PER_REQUEST
+    stored = [workload.doc(rag_workload.COLD_SEEDS + 5_000 + i) for i in range(2 * n)]
+    pooled = [workload.doc(rag_workload.COLD_SEEDS + 6_000 + i) for i in range(DOCS_PER_REQUEST)]
+    result: dict = {}
+    store = MooncakeProcs(log_dir).start()
+    try:
+        env = {
+            **store.server_env(timeout_s=args.timeout_s),
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "VLLM_CHUNK_CACHE_SIZE_GB": "0.25",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
+            "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
+        }
+        cli = ["--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "4096", "--seed", "0"]
+        with VllmServer(args.model, cli, env=env, log_path=log_dir / "server.log") as server:
+            result["server_command"] = portable(shlex.join(server.command[1:]))
+            result["server_env"] = {k: v for k, v in env.items() if "REMOTE_M" not in k}
+            prime(server, args, stored)
+            client = openai_client(server.url, timeout=300)
+            ttft_request(
+                client, NAME, rag_workload.chunked(workload.system, pooled, "Warm?"), 2
+            )  # pool docs in
+            groups = [stored[i : i + DOCS_PER_REQUEST] for i in range(0, len(stored), DOCS_PER_REQUEST)]
+            for phase, pause, docs in (
+                ("running", None, groups[: args.store_requests]),
+                ("paused", store, groups[args.store_requests :]),
+            ):
+                result[phase] = Window(server, args, pooled).run(docs, pause, seed=len(result))
+                print(f"{phase}: {_brief(result[phase])}", flush=True)
+                time.sleep(args.timeout_s + 2)  # readers stuck in the paused store come back
+    finally:
+        store.stop()
+    run_ = result["running"]
+    paused = result["paused"]
+    result["ratios"] = {
+        k: paused[k] / run_[k] if paused[k] and run_[k] else None
+        for k in ("itl_mean_ms", "itl_p50_ms", "itl_p99_ms", "longest_wait_ms", "pool_ttft_p50_ms")
+    }
+    return result
+
+
+def _brief(window: dict) -> str:
+    keys = (
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "longest_gap_ms",
+        "tokens_per_s",
+        "pool_ttft_p50_ms",
+        "pool_ttft_max_ms",
+    )
+    return ", ".join(f"{k} {window[k]:.1f}" for k in keys if window[k] is not None) + (
+        f", store TTFTs {[round(t) for t in window['store_ttft_ms']]}, remote {window['remote']}"
+    )
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (hist, ttft) = plt.subplots(1, 2, figsize=(11, 4))
+    for phase, color in (("running", "tab:blue"), ("paused", "tab:red")):
+        w = result[phase]
+        bounds = list(w["itl_buckets"])
+        cum = list(w["itl_buckets"].values())
+        counts = [c - p for c, p in zip(cum, [0.0, *cum[:-1]], strict=True)]
+        hist.step(range(len(bounds)), counts, where="mid", color=color, label=f"store {phase}")
+        for kind, marker in (("pool", "o"), ("store", "x")):
+            samples = w["samples"][kind]
+            label = f"{phase}: docs in {kind}"
+            ttft.plot(
+                [s["at_s"] for s in samples],
+                [s["ttft_ms"] for s in samples],
+                marker,
+                color=color,
+                label=label,
+            )
+    hist.set_xticks(range(len(bounds)), [f"{float(b):g}" for b in bounds], rotation=90, fontsize=7)
+    hist.set_yscale("symlog")
+    hist.set_xlabel("ITL bucket upper bound (s), engine-side")
+    hist.set_ylabel("tokens")
+    hist.legend(fontsize=8)
+    ttft.axvspan(0.5, 0.5 + result["args"]["pause_s"], color="0.92", label="paused span")
+    ttft.set_yscale("log")
+    ttft.set_xlabel("seconds into the window")
+    ttft.set_ylabel("TTFT (ms)")
+    ttft.legend(fontsize=7)
+    fig.suptitle(
+        f"Chunked and ordinary requests while the store is paused ({result.get('label') or 'this checkout'})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-store-pause-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": portable(shlex.join(["python", "-m", "benchmarks.bench_store_pause", *sys.argv[1:]])),
+        "label": args.label,
+        "args": {k: portable(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": machine_info(),
+    }
+    result.update(run(args, log_dir))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    print(f"ratios (paused / running): {result['ratios']}; wrote {portable(args.out)}")
+
+
+if __name__ == "__main__":
+    main()
