@@ -14,6 +14,7 @@ from harness.mooncake_store import MooncakeProcs, wait_for
 from tests.store.test_kv_object import header as kv_header
 from vllm_ascend_chunk.config.settings import RemoteConfig
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode
+from vllm_ascend_chunk.tiers.mooncake.objects import probe
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 TIMEOUT_S = 1.0
@@ -240,3 +241,31 @@ def test_store_paused(own_mooncake: MooncakeProcs, remote_store: MakeStore) -> N
     start = time.monotonic()
     wait_for(reads, 10, "reads after resume", interval_s=RETRY_S)
     print(f"reads again {time.monotonic() - start:.2f} s after resume")
+
+
+def test_a_stopped_store_whose_memory_the_master_dropped_is_down(
+    own_mooncake: MooncakeProcs, remote_store: MakeStore
+) -> None:
+    """The store process stopped for longer than the master's client lease: the master drops its
+    memory and answers every write "no space" at once. That is no evidence that the store answers
+    (before, the probe took it for a full store and the instance stayed up, issue 55)."""
+    store = connected(own_mooncake, remote_store)
+    h = header("doc-7")
+    own_mooncake.pause()
+    try:
+        wait_for(lambda: own_mooncake.capacity() == 0, 60, "the stopped store's memory dropped")
+        raw = raw_client(own_mooncake)
+        try:
+            assert "no room for the probe object" in probe(raw, own_mooncake.master_address, 1.0, TIMEOUT_S)
+        finally:
+            raw.close()
+        assert store.up  # nothing has failed yet: no probe
+        written(store, "doc-7", h, kv_for(h))  # refused, no space: the connector probes
+        wait_for(lambda: not store.up, 5 * TIMEOUT_S, "the stopped store found down")
+        stats = store.stats()
+        assert (stats.put_drops, stats.puts, stats.errors) == (1, 0, 0), stats
+    finally:
+        own_mooncake.resume()
+    wait_for(lambda: store.up, 10, "the store back")
+    written(store, "doc-7", h, kv_for(h))
+    assert torch.equal(get(store, "doc-7", h)[0], kv_for(h))

@@ -23,9 +23,11 @@ Faults:
   `retry_s` (a fresh Mooncake client when the old one does not recover) and logs when it is back.
   Objects written before a master restart may be gone: the master's index does not survive it.
 - An operation that fails (an error code, an exception) counts in `errors` and makes the connector
-  probe the store at once (master reachable and answering, a small probe object read within
-  `timeout_s`): only a failed probe is an outage. A full store (Mooncake's -200, no space) is not
-  a failure: the put is dropped (`put_drops`).
+  probe the store at once (master reachable and answering, a small probe object, written first
+  where absent, read back within `timeout_s`): only a failed probe is an outage. A put refused for
+  no space (Mooncake's -200) is dropped (`put_drops`) and makes the connector probe too: a full
+  store passes (it evicts to make room), a stopped store process whose memory the master dropped
+  takes no object and fails.
 - A slow or stuck store: a get's future resolves to `None` at `timeout_s` after its read started
   (a miss, counted in `timeouts`, not an outage by itself: a stuck store fails the probe). The
   Mooncake TCP transfer itself is bounded by `MC_TCP_PROGRESS_TIMEOUT_SEC` /
@@ -327,8 +329,9 @@ class RemoteStore:
             self._count("put_skips")
         elif rc == 0:
             self._count("puts", bytes_written=len(blob))
-        elif rc == NO_SPACE:  # the store is full: not a fault
+        elif rc == NO_SPACE:  # full (not a fault), or its memory is gone: the probe tells
             self._count("put_drops")
+            self._conn.operation_failed(f"the store had no room for {name!r}")
         else:
             self._conn.operation_failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
             self._count("errors")
