@@ -73,10 +73,14 @@ class ChunkCacheStats:
     remote_bytes_read: int = _counter("Bytes of objects read from the remote store (every worker).")
     remote_bytes_written: int = _counter("Bytes of objects written to the remote store (every worker).")
     remote_errors: int = _counter("Remote store operations that failed (every worker; timeouts are misses).")
-    remote_corrupt: int = _counter("Remote objects refused: corrupt, truncated or foreign (every worker).")
+    remote_corrupt: int = _counter(
+        "Remote objects refused and removed (every worker): without a secret, garbage, truncated or "
+        "foreign; with one, objects it verified whose size or checksum is wrong."
+    )
     remote_rejected: int = _counter(
-        "Remote objects refused because the secret does not verify them: unsigned, another key's, "
-        "forged or altered (every worker)."
+        "Remote objects refused and removed because the secret did not sign them for the entry read "
+        "(every worker): garbage, unsigned, another key's, forged, altered, another format version's, "
+        "or another entry's replayed."
     )
     remote_write_drops: int = _counter(
         "Remote writes dropped (every worker): the write queue over its byte bound, the store down or "

@@ -35,11 +35,15 @@ Faults:
   than `timeout_s` before the first client starts, so reader threads are freed too (the margin
   lets the read's deadline settle it first, as a timeout). A call to a dead master returns after
   ~4 s whatever the settings.
-- Garbage, truncated or foreign objects: `None`, counted as `corrupt`, a rate-limited warning; the
-  object is removed unless it is foreign (another model's or format's under this name).
-- With a secret (`RemoteConfig.secret`) every object is signed, and one this client cannot verify
-  (unsigned, another key's, forged or altered: `kv_object.REJECTED`) is `None`, counted as
-  `rejected`, removed, and logged once per cause: it is never loaded.
+- An object that is not the one asked for is `None` and removed, so that the next writer of the
+  entry writes it again (the name is made of the entry key and the shard, which fix every field of
+  the header: such an object is of use to no reader of the name). Without a secret (the store is
+  trusted) it counts as `corrupt` (garbage, truncated, another model's or format's, signed), with
+  a rate-limited warning. With a secret (`RemoteConfig.secret`) every object is signed, and one
+  this client did not sign for this entry (garbage, unsigned, another key's, forged, altered,
+  another format's, or a genuine object of another entry: `KVObjectError.rejected`) counts as
+  `rejected`, logged once per cause: it is never loaded; a verified object that still fails
+  (size, checksum: a writer's bug) counts as `corrupt`.
 """
 
 from __future__ import annotations
@@ -96,10 +100,11 @@ class RemoteStoreStats:
     """Of the misses: gets cancelled by the caller before their read started, or refused because
     `read_queue` gets were waiting."""
     corrupt: int = 0
-    """Gets of objects that failed to decode (garbage, truncated, foreign)."""
+    """Gets of objects that failed to decode: without a secret any (garbage, truncated, foreign);
+    with one, objects it verified (their size or checksum wrong)."""
     rejected: int = 0
-    """Gets of objects whose signature did not verify (unsigned, another key's, forged or altered),
-    with a secret set."""
+    """Gets of objects not signed by the secret for the entry asked for (garbage, unsigned, another
+    key's, forged, altered, replayed), with a secret set."""
     errors: int = 0
     """Gets and puts that failed because of the store: error codes, exceptions, store down."""
     bytes_read: int = 0
@@ -130,7 +135,7 @@ class RemoteStore:
         self._stats = RemoteStoreStats()
         self._corrupt_logged_at = -math.inf
         self._rejected_logged: set[str] = set()
-        """The causes of rejected objects logged so far (`kv_object.REJECTED`)."""
+        """The causes (`KVObjectError.reason`) of rejected objects logged so far."""
         self.signing_key = SigningKey(config.secret) if config.secret is not None else None
         """Signs every object written and verifies every object read (None: unsigned)."""
         self._closed = threading.Event()
@@ -274,8 +279,7 @@ class RemoteStore:
                 self._log_rejected(name, e)
             else:
                 self._log_corrupt(name, e)
-            if e.reason not in ("foreign", "version"):
-                remove(client, name)
+            remove(client, name)  # of no use to any reader of this name: the next writer replaces it
             self._settle(pending, None, "rejected" if e.rejected else "corrupt")
             return
         self._settle(pending, kv, "hits", nbytes=len(got))
@@ -365,9 +369,10 @@ class RemoteStore:
             self._rejected_logged.add(error.reason)
         logger.warning(
             "Chunk Cache remote store: refusing object %r, which this instance's secret does not "
-            "verify (%s): a miss, and the object is removed. Someone who can write to the store "
-            "without the secret, or an instance with another secret, wrote it. Further objects "
-            "refused for this cause are only counted (vllm:chunk_cache_remote_rejected_total)",
+            "verify for this entry (%s): a miss, and the object is removed. Someone who can write "
+            "to the store without the secret, or an instance with another secret, wrote it, or "
+            "someone copied another entry's object here. Further objects refused for this cause "
+            "are only counted (vllm:chunk_cache_remote_rejected_total)",
             name,
             error,
         )
