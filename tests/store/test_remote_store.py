@@ -139,13 +139,13 @@ def test_an_object_missing_a_part_is_a_miss(mooncake: MooncakeProcs, remote_stor
     # Its first part alone, as if the others were evicted.
     assert raw_client(mooncake).put("doc-lone", encode(header("doc-lone"), kv_for(h))[: 16 << 10]) == 0
     out, _ = get(store, "doc-lone", header("doc-lone"))
-    assert out is None and store.stats().misses == 1 and store.stats().errors == 0
+    assert out is None and store.stats().misses == store.stats().incomplete == 1 and store.stats().errors == 0
 
 
 def test_misses(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
     store = connected(mooncake, remote_store)
     assert get(store, "absent", header("absent"))[0] is None
-    assert store.stats().misses == 1
+    assert store.stats().misses == store.stats().absent == 1
     h = header("doc-2")
     written(store, "doc-2", h, kv_for(h))
     # Another model's entry stored under the name asked for.
@@ -180,7 +180,8 @@ def test_master_down_at_start(own_mooncake: MooncakeProcs, remote_store: MakeSto
         out, took = get(store, "doc-4", h)
         assert out is None and took < 0.1
         store.put("doc-4", h, kv_for(h))
-        assert store.stats().put_drops == 1
+        assert store.stats().put_drops == store.stats().put_store_down == 1
+        assert store.stats().get_store_down == 1  # the get above
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "unavailable" in warnings[0].message
         start = time.monotonic()
@@ -229,7 +230,7 @@ def test_store_paused(own_mooncake: MooncakeProcs, remote_store: MakeStore) -> N
         out, took = get(store, "doc-6", h)
         print(f"get from the paused store resolved in {took:.2f} s")
         assert out is None and TIMEOUT_S - 0.1 < took < TIMEOUT_S + 0.5
-        assert store.stats().timeouts == 1 and store.stats().errors == 0
+        assert store.stats().timeouts == store.stats().misses == 1 and store.stats().errors == 0
         # The probe that follows cannot read the probe object either: an outage.
         wait_for(lambda: not store.up, 5 * TIMEOUT_S, "the paused store found down")
     finally:
@@ -263,7 +264,7 @@ def test_a_stopped_store_whose_memory_the_master_dropped_is_down(
         written(store, "doc-7", h, kv_for(h))  # refused, no space: the connector probes
         wait_for(lambda: not store.up, 5 * TIMEOUT_S, "the stopped store found down")
         stats = store.stats()
-        assert (stats.put_drops, stats.puts, stats.errors) == (1, 0, 0), stats
+        assert (stats.put_store_full, stats.puts, stats.errors) == (1, 0, 0), stats
     finally:
         own_mooncake.resume()
     wait_for(lambda: store.up, 10, "the store back")
