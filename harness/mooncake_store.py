@@ -121,7 +121,7 @@ class MooncakeProcs:
             self.wait_store()
 
     def wait_store(self, timeout_s: float = 15) -> None:
-        wait_for(lambda: self._capacity() >= self.store_bytes, timeout_s, "Mooncake store process registered")
+        wait_for(lambda: self.capacity() >= self.store_bytes, timeout_s, "Mooncake store process registered")
 
     def kill_master(self) -> None:
         self._end(self.master, signal.SIGKILL)
@@ -229,7 +229,8 @@ class MooncakeProcs:
         except OSError:
             return None
 
-    def _capacity(self) -> int:
+    def capacity(self) -> int:
+        """The bytes of memory the master has registered (0 once it dropped a stopped store's)."""
         for line in (self._metrics() or "").splitlines():
             if line.startswith("master_total_capacity_bytes "):
                 return int(float(line.split()[1]))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
@@ -26,13 +26,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from vllm_ascend_chunk.core.stats import ChunkCacheStats
+from vllm_ascend_chunk.core.stats import REASONS, ChunkCacheStats, reason_field
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 
 PREFIX = "vllm:chunk_cache_"
 
 COUNTERS = {f.name: f.metadata["doc"] for f in dataclasses.fields(ChunkCacheStats) if "doc" in f.metadata}
-"""Counter name → help text: the counter fields of `ChunkCacheStats`."""
+"""Counter name → help text: the counter fields of `ChunkCacheStats`. Those of `REASONS` carry a
+`reason` label, whose values are counted by their reason fields (`REASON_FIELDS`)."""
+REASON_FIELDS = [reason_field(counter, reason) for counter, reasons in REASONS.items() for reason in reasons]
+"""The `ChunkCacheStats` fields that count one reason of a counter of `REASONS`."""
 HISTOGRAMS = {
     f.name: f.metadata["histogram"] for f in dataclasses.fields(ChunkCacheStats) if "histogram" in f.metadata
 }
@@ -60,7 +63,7 @@ def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None =
     `SchedulerStats`."""
     data: dict[str, Any] = dataclasses.asdict(manager.stats)
     delivered = delivered or {}
-    data[INCREMENTS] = {name: data[name] - delivered.get(name, 0) for name in COUNTERS}
+    data[INCREMENTS] = {name: data[name] - delivered.get(name, 0) for name in [*COUNTERS, *REASON_FIELDS]}
     data.update(
         usage_ratio=manager.usage_ratio,
         entries=len(manager.entries),
@@ -132,7 +135,19 @@ class ChunkCachePromMetrics(KVConnectorPromMetrics):
                 per_engine_labelvalues,
             )
             for name, doc in COUNTERS.items()
+            if name not in REASONS
         }
+        self.reason_counters = {}
+        """`reason_field` → its child of the counter's `reason` label, per engine."""
+        for name, reasons in REASONS.items():
+            counter = self._counter_cls(
+                name=PREFIX + name, documentation=COUNTERS[name], labelnames=[*labelnames, "reason"]
+            )
+            for reason in reasons:
+                self.reason_counters[reason_field(name, reason)] = {
+                    engine: counter.labels(*values, reason)
+                    for engine, values in per_engine_labelvalues.items()
+                }
         self.gauges = {
             name: create_metric_per_engine(
                 self._gauge_cls(
@@ -157,7 +172,7 @@ class ChunkCachePromMetrics(KVConnectorPromMetrics):
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         increments = transfer_stats_data.get(INCREMENTS, {})
-        for name, per_engine in self.counters.items():
+        for name, per_engine in (self.counters | self.reason_counters).items():
             if (n := increments.get(name, 0)) > 0:
                 per_engine[engine_idx].inc(n)
         for name, per_engine in self.histograms.items():
@@ -204,6 +219,8 @@ class ChunkCacheMetrics:
     remote_errors: int
     remote_corrupt: int
     remote_rejected: int
+    remote_read_misses: int
+    """A worker's reads that brought no object (every worker); by reason in `remote_reasons`."""
     remote_write_drops: int
     usage_ratio: float
     entries: int
@@ -211,6 +228,8 @@ class ChunkCacheMetrics:
     host_usage_ratio: float
     host_entries: int
     remote_up: bool
+    remote_reasons: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """`remote_read_misses` and `remote_write_drops` by reason (`core.stats.REASONS`)."""
 
     @property
     def hit_rate(self) -> float:
@@ -219,12 +238,16 @@ class ChunkCacheMetrics:
         return _hit_rate(hits, self.miss_count) or 0.0
 
     @classmethod
-    def from_samples(cls, samples: Iterable[tuple[str, float]]) -> ChunkCacheMetrics:
-        """From (metric name, value) pairs, one per engine; counters may carry `_total`."""
+    def from_samples(cls, samples: Iterable[tuple[str, Mapping[str, str], float]]) -> ChunkCacheMetrics:
+        """From (metric name, labels, value), one per engine (and reason); counters may carry
+        `_total`."""
         values: dict[str, list[float]] = defaultdict(list)
-        for name, value in samples:
+        for name, labels, value in samples:
             if name.startswith(PREFIX):
-                values[name.removeprefix(PREFIX).removesuffix("_total")].append(value)
+                name = name.removeprefix(PREFIX).removesuffix("_total")
+                values[name].append(value)
+                if name in REASONS and labels.get("reason") in REASONS[name]:
+                    values[reason_field(name, labels["reason"])].append(value)
         if not values:
             raise LookupError(
                 "no vllm:chunk_cache_* metrics: is the chunk cache enabled in this "
@@ -239,6 +262,10 @@ class ChunkCacheMetrics:
             host_usage_ratio=_mean(values["host_usage_ratio"]),
             host_entries=int(sum(values["host_entries"])),
             remote_up=bool(values["remote_up"]) and all(values["remote_up"]),
+            remote_reasons={
+                name: {reason: int(sum(values[reason_field(name, reason)])) for reason in reasons}
+                for name, reasons in REASONS.items()
+            },
         )
 
     @classmethod
@@ -247,7 +274,7 @@ class ChunkCacheMetrics:
         from prometheus_client.parser import text_string_to_metric_families
 
         return cls.from_samples(
-            (s.name, s.value)
+            (s.name, s.labels, s.value)
             for family in text_string_to_metric_families(text)
             for s in family.samples
             if not s.name.endswith("_created")
@@ -264,4 +291,6 @@ def chunk_cache_metrics(llm) -> ChunkCacheMetrics:
         raise ValueError(
             "chunk cache metrics need stats logging: create the LLM with disable_log_stats=False"
         )
-    return ChunkCacheMetrics.from_samples((m.name, m.value) for m in llm.get_metrics() if hasattr(m, "value"))
+    return ChunkCacheMetrics.from_samples(
+        (m.name, m.labels, m.value) for m in llm.get_metrics() if hasattr(m, "value")
+    )

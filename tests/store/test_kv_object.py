@@ -158,14 +158,48 @@ def test_a_reader_with_a_key_refuses_what_it_did_not_sign() -> None:
     other = dataclasses.replace(h, key="cd" * 16)
     meta = json.dumps(dataclasses.asdict(other), sort_keys=True, separators=(",", ":")).encode()
     assert reason(with_header(meta, genuine, h), other, KEY) == "signature"
-    assert all(KVObjectError(r).rejected for r in ("unsigned", "key", "signature"))
-    assert not KVObjectError("foreign").rejected
+    # Rewritten to another format version, or its header edited in any other way.
+    for change in ({"version": FORMAT_VERSION - 1}, {"version": 99}, {"num_tokens": 6}):
+        meta = json.dumps({**dataclasses.asdict(h), **change}, sort_keys=True).encode()
+        assert reason(with_header(meta, genuine, h), h, KEY) == (
+            "version" if "version" in change else "signature"
+        )
+    # Not an object at all, or cut short: nothing this key signed either.
+    assert reason(b"garbage!" * 40, h, KEY) == "magic"
+    assert reason(genuine[:-1], h, KEY) == "signature"
+    assert reason(genuine[:40], h, KEY) == "truncated"
+    assert reason(with_header(b"{x}", genuine, h), h, KEY) == "header"
 
 
-def test_a_genuine_object_of_another_entry_is_foreign_and_a_reader_without_a_key_keeps_out() -> None:
+def rejected(blob: bytes, expected: KVHeader, key: SigningKey | None = KEY) -> bool:
+    with pytest.raises(KVObjectError) as caught:
+        decode(blob, expected, key)
+    return caught.value.rejected
+
+
+def test_with_a_key_every_object_it_did_not_sign_for_this_entry_is_rejected() -> None:
     h = signed()
     genuine = encode(h, kv_for(h), KEY)
-    for change in ({"model": "other"}, {"pp_rank": 1}, {"key": "cd" * 16}):
-        assert reason(genuine, signed(**change), KEY) == "foreign", change
+    for blob in (
+        b"garbage!" * 40,
+        genuine[:40],
+        genuine[:-1],
+        encode(header(), kv_for(h)),
+        forge(h, -kv_for(h)),
+    ):
+        assert rejected(blob, h)
+    # Without a key nothing is rejected: the store is trusted, a bad object is corrupt.
+    assert not rejected(b"garbage!" * 40, header(), None) and not rejected(genuine, header(), None)
+
+
+def test_a_genuine_object_of_another_entry_is_a_replay_and_a_reader_without_a_key_keeps_out() -> None:
+    """The signature is checked first, then the header against the entry asked for: the header
+    holds the key and the shard the object's name is made of, so the signature covers the name."""
+    h = signed()
+    genuine = encode(h, kv_for(h), KEY)
+    for change in ({"model": "other"}, {"pp_rank": 1}, {"key": "cd" * 16}, {"num_tokens": 6}):
+        with pytest.raises(KVObjectError, match=next(iter(change))) as caught:
+            decode(genuine, signed(**change), KEY)
+        assert (caught.value.reason, caught.value.rejected) == ("replay", True), change
     # Readers without a secret do not load signed objects (nor do instances share across keys).
     assert reason(genuine, header()) == "foreign"

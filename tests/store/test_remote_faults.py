@@ -14,7 +14,13 @@ import torch
 
 from harness.mooncake_store import MooncakeProcs
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, raw_client, written
-from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS
+from vllm_ascend_chunk.tiers.mooncake.objects import (
+    MOONCAKE_TCP_BOUNDS,
+    NO_SPACE,
+    PROBE_NAME,
+    PROBE_VALUE,
+    probe,
+)
 
 MIB = 1 << 20
 
@@ -148,7 +154,8 @@ def test_a_full_store_is_not_an_outage(small_mooncake: MooncakeProcs, remote_sto
         assert store.up, f"down after {store.stats()}"
     stats = store.stats()
     print(stats)
-    assert stats.put_drops >= 1 and stats.puts + stats.put_drops == 10 and stats.errors == 0
+    assert stats.put_store_full >= 1 and stats.puts + stats.put_drops == 10 and stats.errors == 0
+    assert stats.put_drops == stats.put_store_full
     # Mooncake may evict some to make room: each read is the object or a miss.
     results = [get(store, f"full-{i}", h)[0] for i, h in enumerate(hs)]
     assert all(
@@ -156,3 +163,19 @@ def test_a_full_store_is_not_an_outage(small_mooncake: MooncakeProcs, remote_sto
         for i, (out, h) in enumerate(zip(results, hs, strict=True))
     )
     assert store.stats().hits >= 1 and store.stats().errors == 0 and store.up
+
+
+def test_the_probe_of_a_full_store_writes_its_object_once_the_store_evicts(
+    small_mooncake: MooncakeProcs,
+) -> None:
+    """A full store may refuse even the probe's small object for a moment (no space) until it
+    evicts: the probe tries again within its timeout, and passes on the object read back."""
+    raw = raw_client(small_mooncake)
+    try:
+        rcs = [raw.put(f"fill-{i}", b"x" * (4 * MIB)) for i in range(64)]
+        assert NO_SPACE in rcs, rcs  # it was full
+        raw.remove(PROBE_NAME, True)
+        assert probe(raw, small_mooncake.master_address, 1.0, 5.0) is None
+        assert raw.get(PROBE_NAME) == PROBE_VALUE
+    finally:
+        raw.close()

@@ -14,6 +14,7 @@ from harness.mooncake_store import MooncakeProcs, wait_for
 from tests.store.test_kv_object import header as kv_header
 from vllm_ascend_chunk.config.settings import RemoteConfig
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode
+from vllm_ascend_chunk.tiers.mooncake.objects import probe
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 TIMEOUT_S = 1.0
@@ -138,13 +139,13 @@ def test_an_object_missing_a_part_is_a_miss(mooncake: MooncakeProcs, remote_stor
     # Its first part alone, as if the others were evicted.
     assert raw_client(mooncake).put("doc-lone", encode(header("doc-lone"), kv_for(h))[: 16 << 10]) == 0
     out, _ = get(store, "doc-lone", header("doc-lone"))
-    assert out is None and store.stats().misses == 1 and store.stats().errors == 0
+    assert out is None and store.stats().misses == store.stats().incomplete == 1 and store.stats().errors == 0
 
 
 def test_misses(mooncake: MooncakeProcs, remote_store: MakeStore) -> None:
     store = connected(mooncake, remote_store)
     assert get(store, "absent", header("absent"))[0] is None
-    assert store.stats().misses == 1
+    assert store.stats().misses == store.stats().absent == 1
     h = header("doc-2")
     written(store, "doc-2", h, kv_for(h))
     # Another model's entry stored under the name asked for.
@@ -179,7 +180,8 @@ def test_master_down_at_start(own_mooncake: MooncakeProcs, remote_store: MakeSto
         out, took = get(store, "doc-4", h)
         assert out is None and took < 0.1
         store.put("doc-4", h, kv_for(h))
-        assert store.stats().put_drops == 1
+        assert store.stats().put_drops == store.stats().put_store_down == 1
+        assert store.stats().get_store_down == 1  # the get above
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "unavailable" in warnings[0].message
         start = time.monotonic()
@@ -228,7 +230,7 @@ def test_store_paused(own_mooncake: MooncakeProcs, remote_store: MakeStore) -> N
         out, took = get(store, "doc-6", h)
         print(f"get from the paused store resolved in {took:.2f} s")
         assert out is None and TIMEOUT_S - 0.1 < took < TIMEOUT_S + 0.5
-        assert store.stats().timeouts == 1 and store.stats().errors == 0
+        assert store.stats().timeouts == store.stats().misses == 1 and store.stats().errors == 0
         # The probe that follows cannot read the probe object either: an outage.
         wait_for(lambda: not store.up, 5 * TIMEOUT_S, "the paused store found down")
     finally:
@@ -240,3 +242,31 @@ def test_store_paused(own_mooncake: MooncakeProcs, remote_store: MakeStore) -> N
     start = time.monotonic()
     wait_for(reads, 10, "reads after resume", interval_s=RETRY_S)
     print(f"reads again {time.monotonic() - start:.2f} s after resume")
+
+
+def test_a_stopped_store_whose_memory_the_master_dropped_is_down(
+    own_mooncake: MooncakeProcs, remote_store: MakeStore
+) -> None:
+    """The store process stopped for longer than the master's client lease: the master drops its
+    memory and answers every write "no space" at once. That is no evidence that the store answers
+    (before, the probe took it for a full store and the instance stayed up, issue 55)."""
+    store = connected(own_mooncake, remote_store)
+    h = header("doc-7")
+    own_mooncake.pause()
+    try:
+        wait_for(lambda: own_mooncake.capacity() == 0, 60, "the stopped store's memory dropped")
+        raw = raw_client(own_mooncake)
+        try:
+            assert "no room for the probe object" in probe(raw, own_mooncake.master_address, 1.0, TIMEOUT_S)
+        finally:
+            raw.close()
+        assert store.up  # nothing has failed yet: no probe
+        written(store, "doc-7", h, kv_for(h))  # refused, no space: the connector probes
+        wait_for(lambda: not store.up, 5 * TIMEOUT_S, "the stopped store found down")
+        stats = store.stats()
+        assert (stats.put_store_full, stats.puts, stats.errors) == (1, 0, 0), stats
+    finally:
+        own_mooncake.resume()
+    wait_for(lambda: store.up, 10, "the store back")
+    written(store, "doc-7", h, kv_for(h))
+    assert torch.equal(get(store, "doc-7", h)[0], kv_for(h))

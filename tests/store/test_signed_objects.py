@@ -1,89 +1,137 @@
 """Signed objects against a real Mooncake master and store process: a rogue writer that knows
-everything but the secret (tests/store/rogue.py) makes forged, unsigned, other-key and replayed
-objects; a client with the secret serves none of them, counts each as rejected, logs each cause
-once, and removes them so that the next honest writer writes them again. Through engines, with
-answers checked against the HF reference: test_rogue_writer.py."""
+everything but the secret (tests/store/rogue.py) puts, under an entry's name, every kind of
+object it can make: forged, replayed (another document's or another model's genuine object),
+rewritten to another format version, with an edited header, unsigned, signed with another
+secret, garbage, truncated. A client with the secret serves none of them, counts each as
+rejected, logs each cause once and removes it, so that one honest write puts the entry back in
+the store. Through engines, with answers checked against the HF reference: test_rogue_writer.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
+import pytest
 import torch
 
 from harness.mooncake_store import MooncakeProcs
 from tests.store import rogue
 from tests.store.test_remote_store import MakeStore, connected, get, header, kv_for, written
-from vllm_ascend_chunk.tiers.mooncake.kv_object import SigningKey
+from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, SigningKey
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 SECRET = b"shared by every honest instance"
+OTHER_KEY = SigningKey(b"a secret the rogue made up itself")
 
 
 def signed(name: str, secret: bytes = SECRET, **changes):
     return header(name, key_id=SigningKey(secret).id, **changes)
 
 
-def test_a_rogue_writer_without_the_secret_is_never_served(
-    mooncake: MooncakeProcs, remote_store: MakeStore, caplog
-) -> None:
-    honest = connected(mooncake, remote_store, secret=SECRET)
-    docs = {f"doc-{c}": signed(f"doc-{c}") for c in "abcdefg"}
-    for i, (name, h) in enumerate(docs.items()):
-        written(honest, name, h, kv_for(h, i))
-    theirs = signed("doc-g", model="another-model")  # another model of the same shapes
-    written(honest, "theirs-g", theirs, kv_for(theirs, 9))
+@dataclasses.dataclass(frozen=True)
+class Genuine:
+    """A genuine object as the rogue reads it: header fields, signature, K/V."""
+
+    fields: dict
+    signature: bytes
+    kv: torch.Tensor
+
+    def build(self, signature: bytes | None = None, kv: torch.Tensor | None = None, **changes) -> bytes:
+        """This object with its header fields changed, and another signature or K/V."""
+        return rogue.build(
+            {**self.fields, **changes},
+            self.signature if signature is None else signature,
+            self.kv if kv is None else kv,
+        )
+
+
+Attack = Callable[[Genuine, Genuine, Genuine], bytes]
+"""What the rogue puts under the victim's name, from the victim's object, another document's
+and the victim document's object of another model."""
+
+ATTACKS: dict[str, tuple[str, Attack]] = {
+    "forged-payload": ("signature", lambda v, d, t: v.build(kv=-v.kv)),
+    "another-documents-object": ("replay", lambda v, d, t: d.build()),
+    "another-documents-object-as-this-ones": ("signature", lambda v, d, t: v.build(d.signature, d.kv)),
+    "another-models-object": ("replay", lambda v, d, t: t.build()),
+    "another-models-object-as-this-models": ("signature", lambda v, d, t: v.build(t.signature, t.kv)),
+    "older-format-version": ("version", lambda v, d, t: v.build(version=FORMAT_VERSION - 1)),
+    "unknown-format-version": ("version", lambda v, d, t: v.build(version=FORMAT_VERSION + 7)),
+    "edited-header": ("signature", lambda v, d, t: v.build(layout="hnd")),
+    "unsigned": ("unsigned", lambda v, d, t: v.build(bytes(32), key_id="")),
+    "another-key": ("key", lambda v, d, t: v.build(bytes(32), key_id=OTHER_KEY.id)),
+    "garbage": ("magic", lambda v, d, t: b"not a kv object" * 100),
+    "truncated": ("signature", lambda v, d, t: v.build()[:-100]),
+}
+"""Attack → the cause it is refused for (`KVObjectError.reason`), and the object it puts."""
+
+
+def attacked(mooncake: MooncakeProcs, honest: RemoteStore, name: str, attack: Attack):
+    """The header and K/V of entry `name`, written by `honest` and replaced by the rogue's object."""
+    h, donor, theirs = signed(name), signed(f"{name}-donor"), signed(name, model="another-model")
+    for n, (object_name, hx) in enumerate([(name, h), (f"{name}-donor", donor), (f"{name}-theirs", theirs)]):
+        written(honest, object_name, hx, kv_for(hx, n))
     raw = mooncake.raw_client()
     try:
-        a_fields, a_signature, a_kv = rogue.read(raw, "doc-a")
-        # Forged payload: doc-b's header and signature, other KV, its checksum right.
-        b_fields, b_signature, b_kv = rogue.read(raw, "doc-b")
-        rogue.replace(raw, "doc-b", rogue.build(b_fields, b_signature, -b_kv))
-        # Replayed: doc-a's genuine object under doc-c's name, its header made doc-c's ...
-        c_fields, _, _ = rogue.read(raw, "doc-c")
-        rogue.replace(raw, "doc-c", rogue.build(c_fields, a_signature, a_kv))
-        # ... and verbatim (the header still says doc-a).
-        rogue.replace(raw, "doc-d", rogue.build(a_fields, a_signature, a_kv))
-        # Unsigned, as an instance without the secret writes it; and signed with another secret.
-        e_fields = {**dataclasses.asdict(docs["doc-e"]), "key_id": ""}
-        rogue.replace(raw, "doc-e", rogue.build(e_fields, bytes(32), a_kv))
-        other = SigningKey(b"a secret the rogue made up itself")
-        f_fields = {**dataclasses.asdict(docs["doc-f"]), "key_id": other.id}
-        rogue.replace(raw, "doc-f", rogue.build(f_fields, bytes(32), a_kv))
-        # Another model's genuine object, its header made this model's.
-        g_fields, _, _ = rogue.read(raw, "doc-g")
-        _, theirs_signature, theirs_kv = rogue.read(raw, "theirs-g")
-        rogue.replace(raw, "doc-g", rogue.build(g_fields, theirs_signature, theirs_kv))
-
-        reader = connected(mooncake, remote_store, secret=SECRET)
-        with caplog.at_level(logging.WARNING, logger="vllm.chunk_cache"):
-            assert torch.equal(get(reader, "doc-a", docs["doc-a"])[0], kv_for(docs["doc-a"], 0))
-            for name in ("doc-b", "doc-c", "doc-d", "doc-e", "doc-f", "doc-g"):
-                assert get(reader, name, docs[name])[0] is None, name
-            rogue.replace(raw, "doc-c", rogue.build(c_fields, b_signature, a_kv))  # forged again
-            assert get(reader, "doc-c", docs["doc-c"])[0] is None
-        stats = reader.stats()
-        assert (stats.hits, stats.rejected, stats.corrupt) == (1, 6, 1), stats  # doc-d: foreign
-        # One warning per cause: forged or altered, unsigned, another key; the foreign replay is
-        # a corrupt object (rate-limited warning of its own).
-        refused = [r.getMessage() for r in caplog.records if "does not verify" in r.getMessage()]
-        assert len(refused) == 3, refused
-        assert [c for c in ("(signature)", "(unsigned", "(key:") if any(c in m for m in refused)] == [
-            "(signature)",
-            "(unsigned",
-            "(key:",
-        ], refused
-        # The rejected objects are gone: the next honest writer writes them again.
-        assert [raw.is_exist(n) for n in ("doc-b", "doc-c", "doc-e", "doc-f", "doc-g")] == [0] * 5
-        assert raw.is_exist("doc-d") == 1  # foreign: left alone, as an unsigned reader does
+        victim, other_doc, other_model = (
+            Genuine(*rogue.read(raw, n)) for n in (name, f"{name}-donor", f"{name}-theirs")
+        )
+        rogue.replace(raw, name, attack(victim, other_doc, other_model))
     finally:
         raw.close()
-    written(honest, "doc-b", docs["doc-b"], kv_for(docs["doc-b"], 1))
-    assert torch.equal(get(reader, "doc-b", docs["doc-b"])[0], kv_for(docs["doc-b"], 1))
+    return h, kv_for(h, 0)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_an_attack_is_never_served_and_one_honest_write_heals_it(
+    mooncake: MooncakeProcs, remote_store: MakeStore, caplog, attack: str
+) -> None:
+    cause, make = ATTACKS[attack]
+    honest = connected(mooncake, remote_store, secret=SECRET)
+    h, kv = attacked(mooncake, honest, attack, make)
+    reader = connected(mooncake, remote_store, secret=SECRET)
+    with caplog.at_level(logging.WARNING, logger="vllm.chunk_cache"):
+        assert get(reader, attack, h)[0] is None
+    stats = reader.stats()
+    assert (stats.rejected, stats.corrupt, stats.hits, stats.errors) == (1, 0, 0, 0), stats
+    refused = [r.getMessage() for r in caplog.records if "does not verify" in r.getMessage()]
+    assert len(refused) == 1 and f"({cause}" in refused[0], refused
+    raw = mooncake.raw_client()
+    try:
+        assert raw.is_exist(attack) == 0, "the rogue's object outlived its read"
+    finally:
+        raw.close()
+    # The next honest write (an instance that computed the document after the miss) is written,
+    # not skipped, and every instance reads the document from the store again.
+    before = honest.stats()
+    written(honest, attack, h, kv)
+    after = honest.stats()
+    assert (after.puts - before.puts, after.put_skips - before.put_skips) == (1, 0), after
+    assert torch.equal(get(reader, attack, h)[0], kv)
+    assert reader.stats().hits == 1
+
+
+def test_each_cause_is_logged_once(mooncake: MooncakeProcs, remote_store: MakeStore, caplog) -> None:
+    honest = connected(mooncake, remote_store, secret=SECRET)
+    victims = {
+        f"logged-{i}": attacked(mooncake, honest, f"logged-{i}", ATTACKS[a][1])
+        for i, a in enumerate(["forged-payload", "unsigned", "forged-payload", "unsigned"])
+    }
+    reader = connected(mooncake, remote_store, secret=SECRET)
+    with caplog.at_level(logging.WARNING, logger="vllm.chunk_cache"):
+        for name, (h, _) in victims.items():
+            assert get(reader, name, h)[0] is None
+    refused = [r.getMessage() for r in caplog.records if "does not verify" in r.getMessage()]
+    assert len(refused) == 2 and "(signature)" in refused[0] and "(unsigned" in refused[1], refused
+    assert reader.stats().rejected == 4
 
 
 def test_an_instance_without_the_secret_and_one_with_it_do_not_share(
     mooncake: MooncakeProcs, remote_store: MakeStore
 ) -> None:
+    """Each refuses the other's objects and removes them: a store is shared by instances of one
+    secret (or all without one), and a mixed one only replaces objects (misses, never wrong K/V)."""
     trusting = connected(mooncake, remote_store)
     signing = connected(mooncake, remote_store, secret=SECRET)
     h = header("shared-doc")
@@ -94,3 +142,30 @@ def test_an_instance_without_the_secret_and_one_with_it_do_not_share(
     written(signing, "signed-doc", s, kv_for(s))
     assert get(trusting, "signed-doc", header("signed-doc"))[0] is None  # foreign to it
     assert trusting.stats().corrupt == 1 and trusting.stats().rejected == 0
+    raw = mooncake.raw_client()
+    try:
+        assert [raw.is_exist(n) for n in ("shared-doc", "signed-doc")] == [0, 0]
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("change", [{"model": "another-model"}, {"version": FORMAT_VERSION + 7}])
+def test_without_a_secret_an_object_not_the_one_asked_for_is_corrupt_removed_and_rewritten(
+    mooncake: MooncakeProcs, remote_store: MakeStore, change: dict
+) -> None:
+    """The store is trusted without a secret, but an object that is not the one asked for is of no
+    use under this name (the name fixes every header field): it is removed, so that the next write
+    replaces it (before, another model's or format's object was kept and every write skipped)."""
+    store = connected(mooncake, remote_store)
+    name = f"unsigned-{next(iter(change))}"
+    h = header(name)
+    written(store, name, h, kv_for(h))
+    raw = mooncake.raw_client()
+    try:
+        rogue.replace(raw, name, Genuine(*rogue.read(raw, name)).build(**change))
+        assert get(store, name, h)[0] is None and store.stats().corrupt == 1
+        assert raw.is_exist(name) == 0
+    finally:
+        raw.close()
+    written(store, name, h, kv_for(h))
+    assert store.stats().put_skips == 0 and torch.equal(get(store, name, h)[0], kv_for(h))

@@ -4,30 +4,41 @@ tests/engine/test_offline_metrics.py; through `vllm serve`: tests/server/test_me
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from vllm_ascend_chunk.core.stats import REASONS, ChunkCacheStats, reason_field
 from vllm_ascend_chunk.metrics import (
     COUNTERS,
     GAUGES,
     INCREMENTS,
+    REASON_FIELDS,
     ChunkCacheConnectorStats,
     ChunkCacheMetrics,
     ChunkCachePromMetrics,
     chunk_cache_metrics,
 )
+from vllm_ascend_chunk.tiers.mooncake.store import RemoteStoreStats
 
 LABELS = ["model_name", "engine"]
 
 
 def payload(hits=0, misses=0, usage=0.0, entries=0, pinned=0, since=None, **counters) -> dict:
     """A scheduler payload with these totals; its increments count from the totals of `since`."""
-    data = dict.fromkeys(COUNTERS, 0) | dict.fromkeys(GAUGES, 0) | {"hits": hits, "misses": misses} | counters
-    data |= {"usage_ratio": usage, "entries": entries, "pinned_entries": pinned}
-    return data | {INCREMENTS: {name: data[name] - (since or {}).get(name, 0) for name in COUNTERS}}
+    data = dict.fromkeys([*COUNTERS, *REASON_FIELDS], 0) | dict.fromkeys(GAUGES, 0) | counters
+    data |= {
+        "hits": hits,
+        "misses": misses,
+        "usage_ratio": usage,
+        "entries": entries,
+        "pinned_entries": pinned,
+    }
+    increments = {name: data[name] - (since or {}).get(name, 0) for name in [*COUNTERS, *REASON_FIELDS]}
+    return data | {INCREMENTS: increments}
 
 
 @pytest.fixture
@@ -107,3 +118,48 @@ def test_offline_api_needs_stats_logging():
     no_stats = SimpleNamespace(llm_engine=SimpleNamespace(log_stats=False))
     with pytest.raises(ValueError, match="disable_log_stats=False"):
         chunk_cache_metrics(no_stats)
+
+
+def test_the_remote_counters_sum_the_workers_by_reason(prom):
+    """Each worker's `RemoteStore.stats` counters reach Prometheus summed over the workers, the
+    read misses and write drops under a `reason` label (totals: the sum over it)."""
+    workers = [
+        dataclasses.asdict(RemoteStoreStats(timeouts=2, absent=1, put_queue_full=3, get_errors=1)),
+        dataclasses.asdict(RemoteStoreStats(timeouts=1, put_store_full=1, put_errors=2, rejected=1)),
+    ]
+    stats = ChunkCacheStats()
+    stats.sum_remote_counters(workers)
+    assert (stats.remote_read_misses, stats.remote_read_misses_timeout, stats.remote_read_misses_error) == (
+        5,
+        3,
+        1,
+    )
+    assert (stats.remote_write_drops, stats.remote_write_drops_queue_full) == (4, 3)
+    assert (stats.remote_errors, stats.remote_rejected) == (3, 1)
+    metrics, registry = prom
+    metrics.observe(payload(**dataclasses.asdict(stats)), 0)
+    text = generate_latest(registry).decode()
+    assert 'vllm:chunk_cache_remote_read_misses_total{engine="0",model_name="m",reason="timeout"} 3.0' in text
+    assert (
+        'vllm:chunk_cache_remote_write_drops_total{engine="0",model_name="m",reason="store_full"} 1.0' in text
+    )
+    m = scrape(registry)
+    assert (m.remote_read_misses, m.remote_write_drops, m.remote_errors) == (5, 4, 3)
+    assert m.remote_reasons["remote_read_misses"] == {
+        "absent": 1,
+        "incomplete": 0,
+        "timeout": 3,
+        "dropped": 0,
+        "store_down": 0,
+        "error": 1,
+    }
+    assert m.remote_reasons["remote_write_drops"]["queue_full"] == 3
+
+
+def test_every_reason_has_its_field_and_its_worker_counter():
+    fields = {f.name for f in dataclasses.fields(ChunkCacheStats)}
+    worker = {f.name for f in dataclasses.fields(RemoteStoreStats)}
+    for name, reasons in REASONS.items():
+        assert name in COUNTERS
+        assert {reason_field(name, r) for r in reasons} <= fields
+        assert set(reasons.values()) <= worker, name

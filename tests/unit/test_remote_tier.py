@@ -225,9 +225,9 @@ def test_the_store_state_is_reported_when_it_changes() -> None:
     tier, store = stand_in_tier()
     pool = make_pool()
     assert tier.finish(STEP, pool) is None
-    store.counters.misses += 1
+    store.counters.absent += 1
     report = tier.finish(STEP, pool)
-    assert report.reads == {} and report.remote_counters[0]["misses"] == 1 and report.remote_up == {0: True}
+    assert report.reads == {} and report.remote_counters[0]["absent"] == 1 and report.remote_up == {0: True}
     assert tier.finish(STEP, pool) is None
     store.up = False
     assert tier.finish(STEP, pool).remote_up == {0: False}

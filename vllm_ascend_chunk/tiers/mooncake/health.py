@@ -60,7 +60,8 @@ class StoreConnection:
         return client
 
     def operation_failed(self, reason: str) -> None:
-        """An operation failed: the connector probes the store (only a failed probe is an outage)."""
+        """An operation failed (or the store had no room): the connector probes the store (only a
+        failed probe is an outage)."""
         with self._lock:
             if not self.up or self._closed.is_set():
                 return

@@ -8,7 +8,10 @@ secret (`SigningKey`) of everything else, header and payload; the header names t
 (`key_id`), and an unsigned object (no secret) has an empty key id and a zero signature. A reader
 says what it expects (`KVHeader`); anything else is refused with a `KVObjectError`, never returned:
 another model's, rank's or format version's object, a truncated or corrupt one, and, when the
-reader has a secret, one it does not verify (unsigned, another key's, forged or altered).
+reader has a secret, one it does not verify. A reader with a secret checks the signature before
+it reads anything else of the header, and then that the header is the one it expects: the
+header holds the entry key and the shard that the object's name is made of, so a genuine object
+copied under another entry's name (a replay) is refused too.
 """
 
 from __future__ import annotations
@@ -33,24 +36,20 @@ _LENGTH = struct.Struct("<I")
 _CHECKSUM = struct.Struct("<Q")
 _SIGNATURE_BYTES = hashlib.sha256().digest_size
 _UNSIGNED = bytes(_SIGNATURE_BYTES)
-REJECTED = ("unsigned", "key", "signature")
-"""The reasons of a `KVObjectError` that say an object is not authentic (a reader with a secret)."""
 
 
 class KVObjectError(ValueError):
-    """A blob is not the expected object. `reason`: "magic", "truncated", "version", "header",
-    "foreign", "size" or "checksum"; or, for a reader with a secret, one of `REJECTED`: "unsigned"
-    (no signature), "key" (signed with another secret) or "signature" (does not verify: forged, or
-    altered since it was signed)."""
+    """A blob is not the expected object. `reason`: "magic", "truncated", "header", "version",
+    "foreign", "size" or "checksum"; for a reader with a secret also "unsigned" (no signature),
+    "key" (signed with another secret), "signature" (does not verify: forged, or altered since it
+    was signed) and "replay" (a genuine object of another entry). `rejected`: the reader has a
+    secret and the object is not one it signed for this entry (every reason but "size" and
+    "checksum", which a verified object can still fail)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, rejected: bool = False) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
-
-    @property
-    def rejected(self) -> bool:
-        """Whether the object is refused as not authentic (`REJECTED`)."""
-        return self.reason in REJECTED
+        self.rejected = rejected
 
 
 @dataclass(frozen=True)
@@ -157,47 +156,76 @@ def _meta(header: KVHeader) -> bytes:
 
 def decode(blob: bytes | memoryview, expected: KVHeader, key: SigningKey | None = None) -> torch.Tensor:
     """The tensor in `blob` (a new one, `expected.shape` in `expected.dtype`), or `KVObjectError`.
-    With `key` (`expected.key_id` names it) only an object it signed, unaltered, is returned."""
+    With `key` (`expected.key_id` names it) only an object it signed for `expected`, unaltered, is
+    returned; the signature is checked before the header is read."""
     _check_key(expected, key)
     view = memoryview(blob).cast("B")
-    if len(view) < len(MAGIC) + _LENGTH.size:
-        raise KVObjectError("truncated", f"{len(view)} bytes")
-    if view[: len(MAGIC)] != MAGIC:
-        raise KVObjectError("magic")
-    meta_start = len(MAGIC) + _LENGTH.size
-    (meta_len,) = _LENGTH.unpack_from(view, len(MAGIC))
-    signature_start = meta_start + meta_len + _CHECKSUM.size
-    payload_start = signature_start + _SIGNATURE_BYTES
-    if len(view) < payload_start:
-        raise KVObjectError("truncated", f"{len(view)} bytes, header ends at {payload_start}")
-    try:
-        fields = json.loads(bytes(view[meta_start : meta_start + meta_len]))
-    except ValueError as e:
-        raise KVObjectError("header", str(e)) from None
-    if not isinstance(fields, dict):
-        raise KVObjectError("header", "not an object")
-    if fields.get("version") != expected.version:
-        raise KVObjectError("version", f"{fields.get('version')!r}, expected {expected.version}")
-    if key is not None and fields.get("key_id") != key.id:
-        reason = "key" if fields.get("key_id") else "unsigned"
-        raise KVObjectError(reason, f"key id {fields.get('key_id')!r}, expected {key.id!r}")
-    differing = sorted(
-        name
-        for name in {f.name for f in dataclasses.fields(KVHeader)} | fields.keys()
-        if fields.get(name) != getattr(expected, name, None)
-    )
-    if differing:
-        raise KVObjectError("foreign", ", ".join(differing))
-    payload = view[payload_start:]
+    meta, signature_start, payload = _split(view, rejected=key is not None)
+    if key is not None:
+        signature = bytes(view[signature_start : signature_start + _SIGNATURE_BYTES])
+        if not hmac.compare_digest(key.sign(view[:signature_start], payload), signature):
+            raise _unverified(meta, expected, key)
+        if meta != _meta(expected):  # genuine, but another entry's (or another format's)
+            raise KVObjectError("replay", _differing(_fields(meta, rejected=True), expected), rejected=True)
+    else:
+        fields = _fields(meta)
+        if fields.get("version") != expected.version:
+            raise KVObjectError("version", f"{fields.get('version')!r}, expected {expected.version}")
+        if differing := _differing(fields, expected):
+            raise KVObjectError("foreign", differing)
     if len(payload) != expected.payload_bytes:
         reason = "truncated" if len(payload) < expected.payload_bytes else "size"
         raise KVObjectError(reason, f"payload {len(payload)} bytes, expected {expected.payload_bytes}")
-    if key is not None and not hmac.compare_digest(
-        key.sign(view[:signature_start], payload), bytes(view[signature_start:payload_start])
-    ):
-        raise KVObjectError("signature")
     (checksum,) = _CHECKSUM.unpack_from(view, signature_start - _CHECKSUM.size)
     if xxhash.xxh3_64_intdigest(payload) != checksum:
         raise KVObjectError("checksum")
     raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     return raw.view(expected.torch_dtype).view(expected.shape)
+
+
+def _split(view: memoryview, rejected: bool) -> tuple[memoryview, int, memoryview]:
+    """The header bytes, where the signature starts, and the payload of `view`."""
+    if len(view) < len(MAGIC) + _LENGTH.size:
+        raise KVObjectError("truncated", f"{len(view)} bytes", rejected=rejected)
+    if view[: len(MAGIC)] != MAGIC:
+        raise KVObjectError("magic", rejected=rejected)
+    meta_start = len(MAGIC) + _LENGTH.size
+    (meta_len,) = _LENGTH.unpack_from(view, len(MAGIC))
+    signature_start = meta_start + meta_len + _CHECKSUM.size
+    payload_start = signature_start + _SIGNATURE_BYTES
+    if len(view) < payload_start:
+        detail = f"{len(view)} bytes, header ends at {payload_start}"
+        raise KVObjectError("truncated", detail, rejected=rejected)
+    return view[meta_start : meta_start + meta_len], signature_start, view[payload_start:]
+
+
+def _fields(meta: memoryview, rejected: bool = False) -> dict:
+    try:
+        fields = json.loads(bytes(meta))
+    except ValueError as e:
+        raise KVObjectError("header", str(e), rejected=rejected) from None
+    if not isinstance(fields, dict):
+        raise KVObjectError("header", "not an object", rejected=rejected)
+    return fields
+
+
+def _differing(fields: dict, expected: KVHeader) -> str:
+    """The header fields in which `fields` differ from `expected`, comma-separated ("" if none)."""
+    names = {f.name for f in dataclasses.fields(KVHeader)} | fields.keys()
+    return ", ".join(sorted(n for n in names if fields.get(n) != getattr(expected, n, None)))
+
+
+def _unverified(meta: memoryview, expected: KVHeader, key: SigningKey) -> KVObjectError:
+    """Why an object's signature does not verify, as far as its (untrusted) header tells."""
+    try:
+        fields = _fields(meta, rejected=True)
+    except KVObjectError as e:
+        return e
+    if fields.get("version") != expected.version:
+        return KVObjectError(
+            "version", f"{fields.get('version')!r}, expected {expected.version}", rejected=True
+        )
+    if fields.get("key_id") != key.id:
+        reason = "key" if fields.get("key_id") else "unsigned"
+        return KVObjectError(reason, f"key id {fields.get('key_id')!r}, expected {key.id!r}", rejected=True)
+    return KVObjectError("signature", rejected=True)

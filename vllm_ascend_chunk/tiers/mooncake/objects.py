@@ -27,6 +27,8 @@ NO_SPACE = -200
 """Mooncake's NO_AVAILABLE_HANDLE: the store has no room for the object."""
 NONCE_BYTES = 8
 """Each part of a multi-part object starts with its write's nonce."""
+_PROBE_RETRY_S = 0.05
+"""How often a probe tries again to write or read its object, until its timeout."""
 
 
 class Fetched(enum.Enum):
@@ -111,22 +113,30 @@ def reachable(address: str, timeout_s: float) -> bool:
 
 def probe(client: Any, master: str, connect_s: float, timeout_s: float) -> str | None:
     """Why the store does not work now, or None: the master is reachable and answers, and the
-    probe object reads within `timeout_s` (or, absent, can be written, or the store is full)."""
+    probe object (written first where absent) reads back within `timeout_s`. Only the object read
+    back shows that the store answers: a write refused for no space is retried until then (a full
+    store evicts within milliseconds; a stopped store process, whose memory the master dropped,
+    never takes it)."""
     if not reachable(master, connect_s):
         return f"no master listening at {master}"
     start = time.monotonic()
-    try:
-        present = client.is_exist(PROBE_NAME)
-        if present < 0:
-            return f"the master does not answer (exists: {present})"
-        if present == 0:
-            rc = client.put(PROBE_NAME, PROBE_VALUE)
+    while True:
+        try:
+            present = client.is_exist(PROBE_NAME)
+            if present < 0:
+                return f"the master does not answer (exists: {present})"
+            rc = client.put(PROBE_NAME, PROBE_VALUE) if present == 0 else 0
             if rc not in (0, NO_SPACE):
                 return f"writing the probe object failed ({rc})"
-        elif client.get(PROBE_NAME) != PROBE_VALUE and client.is_exist(PROBE_NAME) != 0:
-            return "reading the probe object failed"
-    except Exception as e:  # the Mooncake binding: whatever it raises is a store error
-        return f"the probe raised {e!r}"
+            if rc == 0 and client.get(PROBE_NAME) == PROBE_VALUE:
+                break
+        except Exception as e:  # the Mooncake binding: whatever it raises is a store error
+            return f"the probe raised {e!r}"
+        # No room for it, or it could not be read (stuck, or evicted since the check).
+        if time.monotonic() - start >= timeout_s:
+            why = "the store has no room for the probe object" if rc else "reading the probe object failed"
+            return f"{why} (for {timeout_s:g} s)"
+        time.sleep(_PROBE_RETRY_S)
     took = time.monotonic() - start
     if took > timeout_s:
         return f"the probe took {took:.1f} s"

@@ -5,13 +5,12 @@ everything that makes two objects different: entry key, model, rank...; the blob
 checked against the reader's expectation, so a wrong name costs a miss, never wrong KV).
 
 Nothing here blocks the caller or raises because of the store: `put` queues the write for a
-writer thread (dropped, and counted in `put_drops`, when the queue is over its byte bound or the
+writer thread (dropped, and counted by reason, when the queue is over its byte bound, when the
 store is down, then or when the writer gets to it, when the store is full, or when the K/V does
-not match its header),
-`get` queues the read for two reader threads (at most `read_queue` waiting) and returns a future
-that resolves to the tensor or to `None` for every kind of miss; `cancel()` on it before its read
-starts skips the read. Threads: one writer, two readers, one deadline watcher and one connector,
-whatever the number of operations.
+not match its header: `RemoteStoreStats`), `get` queues the read for two reader threads (at most
+`read_queue` waiting) and returns a future that resolves to the tensor or to `None` for every kind
+of miss; `cancel()` on it before its read starts skips the read. Threads: one writer, two
+readers, one deadline watcher and one connector, whatever the number of operations.
 
 Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
@@ -22,10 +21,12 @@ Faults:
   outage; gets resolve to `None` at once, puts are dropped. A connector thread retries every
   `retry_s` (a fresh Mooncake client when the old one does not recover) and logs when it is back.
   Objects written before a master restart may be gone: the master's index does not survive it.
-- An operation that fails (an error code, an exception) counts in `errors` and makes the connector
-  probe the store at once (master reachable and answering, a small probe object read within
-  `timeout_s`): only a failed probe is an outage. A full store (Mooncake's -200, no space) is not
-  a failure: the put is dropped (`put_drops`).
+- An operation that fails (an error code, an exception) counts as an error and makes the connector
+  probe the store at once (master reachable and answering, a small probe object, written first
+  where absent, read back within `timeout_s`): only a failed probe is an outage. A put refused for
+  no space (Mooncake's -200) is dropped (`put_store_full`) and makes the connector probe too: a full
+  store passes (it evicts to make room), a stopped store process whose memory the master dropped
+  takes no object and fails.
 - A slow or stuck store: a get's future resolves to `None` at `timeout_s` after its read started
   (a miss, counted in `timeouts`, not an outage by itself: a stuck store fails the probe). The
   Mooncake TCP transfer itself is bounded by `MC_TCP_PROGRESS_TIMEOUT_SEC` /
@@ -33,11 +34,15 @@ Faults:
   than `timeout_s` before the first client starts, so reader threads are freed too (the margin
   lets the read's deadline settle it first, as a timeout). A call to a dead master returns after
   ~4 s whatever the settings.
-- Garbage, truncated or foreign objects: `None`, counted as `corrupt`, a rate-limited warning; the
-  object is removed unless it is foreign (another model's or format's under this name).
-- With a secret (`RemoteConfig.secret`) every object is signed, and one this client cannot verify
-  (unsigned, another key's, forged or altered: `kv_object.REJECTED`) is `None`, counted as
-  `rejected`, removed, and logged once per cause: it is never loaded.
+- An object that is not the one asked for is `None` and removed, so that the next writer of the
+  entry writes it again (the name is made of the entry key and the shard, which fix every field of
+  the header: such an object is of use to no reader of the name). Without a secret (the store is
+  trusted) it counts as `corrupt` (garbage, truncated, another model's or format's, signed), with
+  a rate-limited warning. With a secret (`RemoteConfig.secret`) every object is signed, and one
+  this client did not sign for this entry (garbage, unsigned, another key's, forged, altered,
+  another format's, or a genuine object of another entry: `KVObjectError.rejected`) counts as
+  `rejected`, logged once per cause: it is never loaded; a verified object that still fails
+  (size, checksum: a writer's bug) counts as `corrupt`.
 """
 
 from __future__ import annotations
@@ -82,31 +87,61 @@ _CORRUPT_LOG_INTERVAL_S = 60.0
 
 @dataclass
 class RemoteStoreStats:
-    """Running counters since the client started."""
+    """Running counters since the client started. Every get counts once: a hit, a miss (`absent`,
+    `incomplete`, `timeouts`, `get_drops`, `get_store_down`, `get_errors`), `corrupt` or
+    `rejected`; every put once: `puts`, `put_skips`, a drop (`put_queue_full`, `put_store_down`,
+    `put_store_full`, `put_encode_errors`) or `put_errors`."""
 
     hits: int = 0
-    misses: int = 0
-    """Gets that found no object: absent or incomplete (a part lost, parts of two writes), not
-    read within `timeout_s` of its start, cancelled before it started, or over `read_queue`."""
+    absent: int = 0
+    """Gets that found no object."""
+    incomplete: int = 0
+    """Gets that found an incomplete object (a part lost, or parts of two writes): removed."""
     timeouts: int = 0
-    """Of the misses: reads not done within `timeout_s` of their start."""
+    """Gets not done within `timeout_s` of their start."""
     get_drops: int = 0
-    """Of the misses: gets cancelled by the caller before their read started, or refused because
-    `read_queue` gets were waiting."""
+    """Gets cancelled by the caller before their read started, or refused because `read_queue`
+    gets were waiting."""
+    get_store_down: int = 0
+    """Gets refused at once, or waiting when it went down: the store down or closing."""
+    get_errors: int = 0
+    """Gets the store failed: an error code or an exception."""
     corrupt: int = 0
-    """Gets of objects that failed to decode (garbage, truncated, foreign)."""
+    """Gets of objects that failed to decode: without a secret any (garbage, truncated, foreign);
+    with one, objects it verified (their size or checksum wrong)."""
     rejected: int = 0
-    """Gets of objects whose signature did not verify (unsigned, another key's, forged or altered),
-    with a secret set."""
-    errors: int = 0
-    """Gets and puts that failed because of the store: error codes, exceptions, store down."""
+    """Gets of objects not signed by the secret for the entry asked for (garbage, unsigned, another
+    key's, forged, altered, replayed), with a secret set."""
     bytes_read: int = 0
     bytes_written: int = 0
     puts: int = 0
     put_skips: int = 0
     """Puts of objects already present."""
-    put_drops: int = 0
-    """Puts dropped: queue full, store down or full, or KV not matching its header."""
+    put_queue_full: int = 0
+    """Puts dropped because the write queue was over its byte bound."""
+    put_store_down: int = 0
+    """Puts dropped because the store was down (or closing), when queued or when written."""
+    put_store_full: int = 0
+    """Puts the store had no room for (Mooncake's no-space answer)."""
+    put_encode_errors: int = 0
+    """Puts dropped because the K/V did not match its header."""
+    put_errors: int = 0
+    """Puts the store failed: an error code or an exception."""
+
+    @property
+    def misses(self) -> int:
+        """Gets that brought no object, but for corrupt and rejected ones and store failures."""
+        return self.absent + self.incomplete + self.timeouts + self.get_drops
+
+    @property
+    def errors(self) -> int:
+        """Gets and puts that failed because of the store: error codes, exceptions, store down."""
+        return self.get_errors + self.get_store_down + self.put_errors
+
+    @property
+    def put_drops(self) -> int:
+        """Puts dropped: queue full, store down or full, or K/V not matching its header."""
+        return self.put_queue_full + self.put_store_down + self.put_store_full + self.put_encode_errors
 
 
 class _PendingGet:
@@ -128,7 +163,7 @@ class RemoteStore:
         self._stats = RemoteStoreStats()
         self._corrupt_logged_at = -math.inf
         self._rejected_logged: set[str] = set()
-        """The causes of rejected objects logged so far (`kv_object.REJECTED`)."""
+        """The causes (`KVObjectError.reason`) of rejected objects logged so far."""
         self.signing_key = SigningKey(config.secret) if config.secret is not None else None
         """Signs every object written and verifies every object read (None: unsigned)."""
         self._closed = threading.Event()
@@ -172,9 +207,11 @@ class RemoteStore:
         unless an object of that name exists. Never blocks on the network, never raises."""
         nbytes = kv.numel() * kv.element_size()
         with self._lock:
-            full = self._queued_bytes + nbytes > self.config.queue_bytes
-            if self._closed.is_set() or not self._conn.up or full:
-                self._stats.put_drops += 1
+            if self._closed.is_set() or not self._conn.up:
+                self._stats.put_store_down += 1
+                return
+            if self._queued_bytes + nbytes > self.config.queue_bytes:
+                self._stats.put_queue_full += 1
                 return
             self._queued_bytes += nbytes
         self._queue.put((name, header, kv, nbytes))
@@ -185,9 +222,9 @@ class RemoteStore:
         `read_queue` gets waiting). `cancel()` on the future before the read starts skips it."""
         pending = _PendingGet(name, header)
         if self._conn.client is None or not self._conn.up or self._closed.is_set():
-            self._settle(pending, None, "errors")
+            self._settle(pending, None, "get_store_down")
         elif self._reads.qsize() >= self.config.read_queue:
-            self._settle(pending, None, "misses", "get_drops")
+            self._settle(pending, None, "get_drops")
         else:
             self._reads.put(pending)
         return pending.future
@@ -219,11 +256,11 @@ class RemoteStore:
     def _read_loop(self) -> None:
         while (pending := self._reads.get()) is not None:
             if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
-                self._count("misses", "get_drops")
+                self._count("get_drops")
                 continue
             client = self._conn.client
             if client is None or not self._conn.up or self._closed.is_set():
-                self._settle(pending, None, "errors")
+                self._settle(pending, None, "get_store_down")
                 continue
             with self._deadlines:
                 self._in_flight[pending] = time.monotonic() + self.config.timeout_s
@@ -243,7 +280,7 @@ class RemoteStore:
                 expired = [p for p, deadline in self._in_flight.items() if deadline <= now]
                 for pending in expired:
                     del self._in_flight[pending]
-                    self._settle_locked(pending, None, ("misses", "timeouts"))
+                    self._settle_locked(pending, None, ("timeouts",))
                 if expired and self._conn.up:  # not a failure yet: the probe tells
                     self._conn.suspect_locked(f"a read took over {self.config.timeout_s:g} s")
                 wait = min(self._in_flight.values(), default=now + 1.0) - now
@@ -255,15 +292,15 @@ class RemoteStore:
             got = fetch(client, name, object_size(header), self.config.part_bytes, lambda: pending.settled)
         except Exception as e:  # the Mooncake binding: whatever it raises is a store error
             self._conn.operation_failed(f"reading {name!r} raised {e!r}")
-            self._settle(pending, None, "errors")
+            self._settle(pending, None, "get_errors")
             return
         if isinstance(got, tuple):
             why, said = got
             if why is Fetched.FAILED:  # e.g. its lease expired, or the store failed
                 self._conn.operation_failed(f"reading {name!r} failed ({said})")
-                self._settle(pending, None, "errors")
-            elif why is not Fetched.ABANDONED:  # absent, or a part lost or of another write
-                self._settle(pending, None, "misses")
+                self._settle(pending, None, "get_errors")
+            elif why is not Fetched.ABANDONED:  # counted as "absent" or "incomplete"
+                self._settle(pending, None, why.value)
             return
         try:
             kv = decode(got, header, self.signing_key)
@@ -272,8 +309,7 @@ class RemoteStore:
                 self._log_rejected(name, e)
             else:
                 self._log_corrupt(name, e)
-            if e.reason not in ("foreign", "version"):
-                remove(client, name)
+            remove(client, name)  # of no use to any reader of this name: the next writer replaces it
             self._settle(pending, None, "rejected" if e.rejected else "corrupt")
             return
         self._settle(pending, kv, "hits", nbytes=len(got))
@@ -310,13 +346,13 @@ class RemoteStore:
     def _write(self, name: str, header: KVHeader, kv: torch.Tensor) -> None:
         client = self._conn.client  # also after `close` began: the queue is drained first
         if client is None or not self._conn.up:
-            self._count("put_drops")
+            self._count("put_store_down")
             return
         try:
             blob = encode(header, kv, self.signing_key)
         except ValueError:
             logger.exception("Chunk Cache remote store: not writing %r", name)
-            self._count("put_drops")
+            self._count("put_encode_errors")
             return
         try:
             present = client.is_exist(name)
@@ -327,11 +363,12 @@ class RemoteStore:
             self._count("put_skips")
         elif rc == 0:
             self._count("puts", bytes_written=len(blob))
-        elif rc == NO_SPACE:  # the store is full: not a fault
-            self._count("put_drops")
+        elif rc == NO_SPACE:  # full (not a fault), or its memory is gone: the probe tells
+            self._count("put_store_full")
+            self._conn.operation_failed(f"the store had no room for {name!r}")
         else:
             self._conn.operation_failed(f"writing {name!r} failed (exists: {present}, put: {rc})")
-            self._count("errors")
+            self._count("put_errors")
 
     def _count(self, *counters: str, bytes_written: int = 0) -> None:
         with self._lock:
@@ -362,9 +399,10 @@ class RemoteStore:
             self._rejected_logged.add(error.reason)
         logger.warning(
             "Chunk Cache remote store: refusing object %r, which this instance's secret does not "
-            "verify (%s): a miss, and the object is removed. Someone who can write to the store "
-            "without the secret, or an instance with another secret, wrote it. Further objects "
-            "refused for this cause are only counted (vllm:chunk_cache_remote_rejected_total)",
+            "verify for this entry (%s): a miss, and the object is removed. Someone who can write "
+            "to the store without the secret, or an instance with another secret, wrote it, or "
+            "someone copied another entry's object here. Further objects refused for this cause "
+            "are only counted (vllm:chunk_cache_remote_rejected_total)",
             name,
             error,
         )
@@ -380,6 +418,6 @@ class RemoteStore:
                 self._reads.put(None)
                 break
             if pending.future.set_running_or_notify_cancel():
-                self._settle(pending, None, "errors")
+                self._settle(pending, None, "get_store_down")
             else:
-                self._count("misses", "get_drops")
+                self._count("get_drops")
