@@ -4,6 +4,8 @@
     python -m benchmarks.bench_rag                 # the full run (~10 min on a 2-core CPU)
     python -m benchmarks.bench_rag --quick         # a short run (~4 min), same outputs
     python -m benchmarks.bench_rag --long          # 1, 8 and 32 documents of ~1,024 tokens
+    python -m benchmarks.bench_rag --long-sets --model .models/dummy-llama3.1-8b --load-format dummy \
+        --dtype bfloat16 ...                    # realistic shapes, 8 x 2K, 32 x 1K, 16 x 4K (a GPU)
     python -m benchmarks.bench_rag --concurrency-only --concurrency 16,64 --itl 12 \
         --configs prefix,chunk                  # throughput at 16 and 64 clients, decode cost
 
@@ -23,6 +25,18 @@ occurrences of documents) and vLLM's prefix cache hits/queries (tokens).
 Optional parts of the same run:
   --long             documents of ~1,024 tokens, requests of 1, 8 and 32 of them (the sweep only;
                      configurations no_cache and chunk unless --configs says otherwise);
+  --long-sets        the long-context workload of issue 58 (for a GPU): document sets 8 x 2K,
+                     32 x 1K and 16 x 4K (--doc-sets), each cold, then warm twice, each warm
+                     request followed by its exact-prefix repeat (--floor) and by the recovery
+                     variants qattn:0.15 and cover:0.7/0.2 (--recovery-variants: per request, on
+                     the chunk cache's server only, with the fallbacks and recomputed tokens its
+                     counters show); configurations no_cache, prefix, chunk; then a 16-client
+                     Zipf stream of 8-16 documents of ~1K (--concurrency 16): requests/s against
+                     prefix caching. Per set: TTFT p50 of each, their ratios, the targets
+                     (`rag_sets`); one plot;
+  --load-format dummy  a config-only model (scripts/make_dummy_shapes.py): vLLM draws random
+                     weights, so TTFT and throughput are the shape's and the generated text is
+                     noise (the JSON says so in `weights`; nothing checks answers);
   --concurrency L,M  after the sequential requests, per level a fresh Zipf stream over the same
                      corpus sent with that many requests in flight: requests/s, TTFT p50/p99;
   --itl N            decode cost: the chunk-off (`prefix`) and chunk-on (`chunk`) servers run side
@@ -57,6 +71,7 @@ from benchmarks.rag_itl import run_itl
 from benchmarks.rag_phases import Streams, run_config
 from benchmarks.rag_plot import plot
 from benchmarks.rag_servers import CONFIGS, make_server
+from benchmarks.rag_sets import set_table, set_targets
 from benchmarks.rag_summary import targets
 from benchmarks.rag_tables import print_summary
 from harness import rag_workload
@@ -73,6 +88,14 @@ def parse_docs_per_request(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
+def parse_doc_sets(text: str) -> tuple[tuple[int, int], ...]:
+    """ "8x2048,32x1024": (documents, tokens per document) per set."""
+    sets = tuple(tuple(int(x) for x in part.split("x")) for part in text.split(","))
+    if not all(len(s) == 2 for s in sets):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NxT[,NxT...]")
+    return sets  # type: ignore[return-value]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (the options whose default depends on others: see `resolve_defaults`)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", type=Path, default=MODELS / "bench-llama")
+    ap.add_argument(
+        "--load-format",
+        choices=("auto", "dummy"),
+        default="auto",
+        help="dummy: random weights from config.json alone (a shape of scripts/make_dummy_shapes.py; "
+        "TTFT only, the answers are noise)",
+    )
     ap.add_argument(
         "--configs",
         help="comma-separated subset of: " + ", ".join(CONFIGS) + " (default all; --long: no_cache,chunk)",
@@ -137,6 +167,25 @@ def _add_workload_options(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="long contexts: the sweep alone, documents of ~1,024 tokens, 1, 8 and 32 per "
         "request, --max-model-len 40960, configurations no_cache,chunk",
+    )
+    ap.add_argument(
+        "--doc-sets",
+        type=parse_doc_sets,
+        help="sweep points of n documents of ~T tokens each: '8x2048,32x1024' (after --sweep-sizes; "
+        "default none, --long-sets 8x2048,32x1024,16x4096)",
+    )
+    ap.add_argument(
+        "--recovery-variants",
+        type=lambda text: tuple(m for m in text.split(",") if m),
+        help="recovery modes sent per request after each warm sweep request, to the chunk cache's "
+        "server only (default none, --long-sets qattn:0.15,cover:0.7/0.2)",
+    )
+    ap.add_argument(
+        "--long-sets",
+        action="store_true",
+        help="the long-context workload (issue 58): --doc-sets 8x2048,32x1024,16x4096, 2 warm "
+        "repeats, --floor, the recovery variants, --concurrency 16 over 8-16 documents of ~1K, "
+        "--max-model-len 77824, configurations no_cache,prefix,chunk",
     )
     ap.add_argument("--question-tokens", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=2, help="tokens generated per request")
@@ -234,9 +283,31 @@ def _add_output_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a new temporary directory)")
 
 
+LONG_SETS = {
+    "doc_sets": ((8, 2048), (32, 1024), (16, 4096)),
+    "recovery_variants": ("qattn:0.15", "cover:0.7/0.2"),
+    "sweep_sizes": (),
+    "sweep_repeats": 2,
+    "concurrency": (16,),
+    "docs_per_request": tuple(range(8, 17)),
+    "max_model_len": 77824,  # 16 x ~4,450 tokens (the documents run ~9 % over T) and the rest
+    "configs": "no_cache,prefix,chunk",
+}
+"""The defaults of --long-sets (explicit options still win)."""
+
+
 def resolve_defaults(args: argparse.Namespace) -> None:
-    """Fill the options whose default depends on --long / --concurrency-only."""
-    long = args.long
+    """Fill the options whose default depends on --long / --long-sets / --concurrency-only."""
+    if args.long_sets:
+        for name, value in LONG_SETS.items():
+            if getattr(args, name) in (None, ()):
+                setattr(args, name, value)
+        args.floor = True
+        if args.out is None:
+            args.out = REPO / "results" / "rag" / f"rag_{args.model.name}_long_sets.json"
+    args.doc_sets = args.doc_sets or ()
+    args.recovery_variants = args.recovery_variants or ()
+    long = args.long or args.long_sets
     if args.doc_tokens is None:
         args.doc_tokens = 1024 if long else 512
     if args.sweep_sizes is None:
@@ -270,7 +341,9 @@ def workload_from_args(args: argparse.Namespace) -> rag_workload.RagWorkload:
         doc_tokens=args.doc_tokens,
         question_tokens=args.question_tokens,
         sweep_sizes=tuple(args.sweep_sizes),
+        sweep_sets=tuple(args.doc_sets),
         sweep_warm_repeats=pick(args.sweep_repeats, 3, 1),
+        recovery_variants=tuple(args.recovery_variants),
         exact_repeats=args.floor,
         cold_requests=pick(args.cold_requests, 3, 1),
         corpus_size=pick(args.corpus_size, 48, 12),
@@ -312,7 +385,16 @@ def selected_configs(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
     if not (args.model / "config.json").exists():
         raise SystemExit(f"no model at {args.model} (run scripts/setup_env.sh)")
+    weights = [p for p in args.model.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf")]
+    if not weights and args.load_format != "dummy":
+        raise SystemExit(f"no weights in {args.model}: serve its shape with --load-format dummy")
     return configs
+
+
+DUMMY_WEIGHTS = (
+    "random (vllm serve --load-format dummy): TTFT and throughput are the model shape's, the generated "
+    "text is noise and nothing here checks it"
+)
 
 
 def new_report(
@@ -326,6 +408,7 @@ def new_report(
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "note": args.note,
+        "weights": DUMMY_WEIGHTS if args.load_format == "dummy" else "the model's own",
         "settings": {k: (portable(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "workload": {
             "description": rag_workload.build_workload.__doc__,
@@ -407,7 +490,10 @@ def run_decode_cost(args: argparse.Namespace, log_dir: Path) -> dict:
 
 def finish_report(report: dict, args: argparse.Namespace, started: float, plot_path: Path) -> None:
     """Targets, wall time, load average, mean prompt tokens; write the JSON and the plot."""
-    report["targets"] = targets(report["configs"], args.long, report.get("itl"))
+    if args.doc_sets:
+        report["sets"] = set_table(report["configs"])
+    report["targets"] = targets(report["configs"], args.long, report.get("itl"), ttft=not args.doc_sets)
+    report["targets"] |= set_targets(report.get("sets", {}))
     report["wall_s"] = time.perf_counter() - started
     with contextlib.suppress(OSError):
         report["machine"]["load_avg_end"] = os.getloadavg()
@@ -417,7 +503,8 @@ def finish_report(report: dict, args: argparse.Namespace, started: float, plot_p
         report["workload"][f"prompt_tokens_{n}_docs_mean"] = statistics.fmean(tokens) if tokens else None
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     if any(r.get("samples") for r in report["configs"].values()) or report.get("itl"):
-        plot(report, plot_path, f"{args.model.name}, {report['machine'].get('cpu_model', '')}")
+        weights = ", random weights" if args.load_format == "dummy" else ""
+        plot(report, plot_path, f"{args.model.name}{weights}, {report['machine'].get('cpu_model', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:

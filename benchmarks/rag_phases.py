@@ -16,8 +16,10 @@ from benchmarks.rag_servers import (
     CHUNK_HITS,
     CHUNK_MISSES,
     CONFIGS,
+    COVER_FALLBACKS,
     PREFIX_HITS,
     PREFIX_QUERIES,
+    SELECTED_TOKENS,
     counter_delta,
     make_server,
     read_counters,
@@ -40,7 +42,9 @@ def run_requests(
     args: argparse.Namespace,
     on_sample: OnSample | None = None,
 ) -> list[dict]:
-    """Send the workload's requests one at a time; one sample per request."""
+    """Send the workload's requests one at a time; one sample per request. A request with a
+    recovery mode (phase "variant") goes only to a server with the chunk cache, with the mode
+    in its `vllm_xargs`."""
     client = openai_client(server.url, timeout=900)
     wait_for = (
         (CHUNK_HITS, CHUNK_MISSES)
@@ -52,7 +56,11 @@ def run_requests(
     samples = []
     counters = read_counters(server)
     for index, req in enumerate(workload.requests):
-        result = ttft_request(client, args.served_name, workload.prompt(req), args.max_tokens)
+        recovery = req.meta.get("recovery")
+        if recovery and not CONFIGS[config]["chunk_cache"]:
+            continue
+        xargs = {"chunk_cache_recovery": recovery} if recovery else None
+        result = ttft_request(client, args.served_name, workload.prompt(req), args.max_tokens, xargs=xargs)
         after = read_counters(server, counters, wait_for)
         sample = {
             "index": index,
@@ -70,6 +78,8 @@ def run_requests(
             "chunk_misses": counter_delta(counters, after, CHUNK_MISSES),
             "prefix_hit_tokens": counter_delta(counters, after, PREFIX_HITS),
             "prefix_query_tokens": counter_delta(counters, after, PREFIX_QUERIES),
+            "selected_tokens": counter_delta(counters, after, SELECTED_TOKENS),
+            "cover_fallbacks": counter_delta(counters, after, COVER_FALLBACKS),
             "end_s": time.perf_counter(),
         }
         counters = after

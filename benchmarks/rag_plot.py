@@ -32,7 +32,10 @@ def plot(report: dict, path: Path, title: str = "") -> None:
     fig = plt.figure(figsize=(13, 4.8 * rows))
     grid = fig.add_gridspec(rows, 6)
     if sequential:
-        _plot_sweep(results, fig.add_subplot(grid[0, :2]))
+        if report.get("sets"):
+            _plot_sets(report["sets"], fig.add_subplot(grid[0, :2]))
+        else:
+            _plot_sweep(results, fig.add_subplot(grid[0, :2]))
         _plot_sequence(results, fig.add_subplot(grid[0, 2:]))
     if extra:
         row = rows - 1
@@ -74,6 +77,38 @@ def _plot_sweep(results: dict[str, dict], ax: Axes) -> None:
     ticks = sorted(sizes) or [1, 2, 4, 8]
     ax.set_xticks(ticks, [str(n) for n in ticks])
     ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _plot_sets(sets: dict[str, dict], ax: Axes) -> None:
+    """Per document set, TTFT p50 of each configuration and recovery variant (bars)."""
+    modes = list(dict.fromkeys(m for row in sets.values() for m in row["variants"]))
+    bars = [
+        ("no caching", "no_cache_warm_ms", COLORS["no_cache"]),
+        ("exact-prefix floor", "floor_ms", COLORS["prefix"]),
+        ("chunk cache, warm", "chunk_warm_ms", COLORS["chunk"]),
+        ("chunk cache, cold", "chunk_cold_ms", "tab:orange"),
+        *[
+            (f"{m}, warm", m, c)
+            for m, c in zip(modes, ("tab:green", "tab:purple", "tab:brown"), strict=False)
+        ],
+    ]
+    width = 0.8 / len(bars)
+    for i, (label, key, color) in enumerate(bars):
+        ys = [
+            row["variants"].get(key, {}).get("warm_ms") if key in modes else row[key] for row in sets.values()
+        ]
+        xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(sets))]
+        ax.bar(
+            [x for x, y in zip(xs, ys, strict=True) if y],
+            [y for y in ys if y],
+            width,
+            color=color,
+            label=label,
+        )
+    ax.set_xticks(range(len(sets)), [f"{k}\n{row['prompt_tokens'] or '?'} tok" for k, row in sets.items()])
+    ax.set(ylabel="TTFT p50 (ms)", yscale="log", title="TTFT per document set (n x tokens)")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=7)
 
 

@@ -28,6 +28,8 @@ CONFIGS: dict[str, dict] = {
 }
 CHUNK_HITS, CHUNK_MISSES = "vllm:chunk_cache_hits_total", "vllm:chunk_cache_misses_total"
 PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+SELECTED_TOKENS = "vllm:chunk_cache_selected_tokens_total"
+COVER_FALLBACKS = "vllm:chunk_cache_cover_fallbacks_total"
 ITL_SUM, ITL_COUNT = "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"
 
 
@@ -77,6 +79,8 @@ def server_args(config: str, args: argparse.Namespace) -> list[str]:
         "0",
         "--enable-prefix-caching" if CONFIGS[config]["prefix_caching"] else "--no-enable-prefix-caching",
     ]
+    if getattr(args, "load_format", "auto") != "auto":
+        out += ["--load-format", args.load_format]
     limit = model_max_positions(args.model)
     if limit is not None and args.max_model_len > limit:
         # Random-weight models: a longer RoPE table is all that a longer context needs (without
@@ -98,23 +102,29 @@ def make_server(
 
 
 def ttft_request(
-    client: openai.OpenAI, model: str, prompt: str, max_tokens: int, ignore_eos: bool = False
+    client: openai.OpenAI,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ignore_eos: bool = False,
+    xargs: dict | None = None,
 ) -> dict:
     """One streamed completion: TTFT, end-to-end time, prompt tokens, text; with several tokens,
     the inter-token latency (time from the first to the last token event / tokens after the
-    first: the mean gap, also when an event carries more than one token)."""
+    first: the mean gap, also when an event carries more than one token). `xargs`: the
+    request's `vllm_xargs` (e.g. `chunk_cache_recovery`)."""
     start = time.perf_counter()
     ttft = last = None
     usage = None
     text = []
-    extra = {"ignore_eos": True} if ignore_eos else None
+    extra = ({"ignore_eos": True} if ignore_eos else {}) | ({"vllm_xargs": xargs} if xargs else {})
     stream = client.completions.create(
         model=model,
         prompt=prompt,
         max_tokens=max_tokens,
         temperature=0.0,
         stream=True,
-        extra_body=extra,
+        extra_body=extra or None,
         stream_options={"include_usage": True},
     )
     for chunk in stream:

@@ -118,11 +118,18 @@ def _phase_summary(samples: list[dict], phase: str) -> dict:
     return out
 
 
+def sweep_key(sample: dict) -> str:
+    """The sweep point of a sample: its number of documents, `NxT` in a document set (`meta`
+    `doc_tokens`: n documents of ~T tokens)."""
+    tokens = sample.get("doc_tokens")
+    return str(sample["n_docs"]) if tokens is None else f"{sample['n_docs']}x{tokens}"
+
+
 def _sweep_summary(samples: list[dict]) -> dict:
     sweep: dict[str, dict[str, list[float]]] = {}
     for s in samples:
         if s["phase"] == "sweep":
-            sweep.setdefault(str(s["n_docs"]), {"cold": [], "warm": []})[s["label"]].append(s["ttft_ms"])
+            sweep.setdefault(sweep_key(s), {"cold": [], "warm": []})[s["label"]].append(s["ttft_ms"])
     return {
         n: {
             "cold_ms": stats(v["cold"])["p50"],
@@ -213,14 +220,15 @@ def _itl_targets(itl: dict | None) -> tuple[dict[str, Spec], dict]:
     return dict(ITL_TARGETS), values
 
 
-def targets(results: dict[str, dict], long: bool = False, itl: dict | None = None) -> dict:
+def targets(results: dict[str, dict], long: bool = False, itl: dict | None = None, ttft: bool = True) -> dict:
     """The target ratios, each from one run: the p50 TTFT of the same requests in two
-    configurations (8 documents, or 32 with --long); requests/s of the same concurrent stream;
-    ITL of the same prompts, chunk cache on / off (median of the back-to-back pairs)."""
+    configurations (8 documents, or 32 with --long; none with `ttft` false: the document sets
+    have theirs, `rag_sets`); requests/s of the same concurrent stream; ITL of the same prompts,
+    chunk cache on / off (median of the back-to-back pairs)."""
     specs: dict[str, Spec] = {}
     values: dict = {}
     for part_specs, part_values in (
-        _ttft_targets(results, long),
+        _ttft_targets(results, long) if ttft else ({}, {}),
         _concurrency_targets(results),
         _itl_targets(itl),
     ):

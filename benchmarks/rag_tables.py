@@ -21,6 +21,8 @@ def print_summary(report: dict) -> None:
     if itl:
         _print_itl(itl)
     _print_sweep(report["configs"])
+    if report.get("sets"):
+        _print_sets(report["sets"])
     _print_targets(report["targets"])
 
 
@@ -79,7 +81,10 @@ def _print_sweep(configs: dict[str, dict]) -> None:
     print("\nTTFT (ms) vs documents per request (p50; cold = first time, warm = same documents reordered)")
     names = [n for n, r in configs.items() if "summary" in r]
     print(f"{'docs':>4} " + " ".join(f"{n + ' cold':>14} {n + ' warm':>14}" for n in names))
-    ns = sorted({n for name in names for n in configs[name]["summary"]["sweep"]}, key=int)
+    ns = sorted(
+        {n for name in names for n in configs[name]["summary"]["sweep"]},
+        key=lambda n: tuple(int(x) for x in n.split("x")),
+    )
     for n in ns:
         cells = []
         for name in names:
@@ -93,6 +98,25 @@ def _print_sweep(configs: dict[str, dict]) -> None:
     ]
     if missing:
         print(f"\nnote: the server exposes no {CHUNK_HITS} / {CHUNK_MISSES}: chunk hit rates are null")
+
+
+def _print_sets(sets: dict[str, dict]) -> None:
+    print(
+        "\nDocument sets, TTFT p50 (ms): no caching, the exact-prefix floor, chunk cache, recovery variants"
+    )
+    for key, row in sets.items():
+        variants = "  ".join(
+            f"{mode} {fmt(v['warm_ms'])} ({fmt(v['vs_full'], '.2f')} x full"
+            + (f", fallbacks {fmt(v['fallback_rate'], '.0%')}" if mode.startswith("cover") else "")
+            + ")"
+            for mode, v in row["variants"].items()
+        )
+        print(
+            f"  {key:<8} {fmt(row['prompt_tokens']):>6} tok  no caching {fmt(row['no_cache_warm_ms'])} "
+            f"floor {fmt(row['floor_ms'])}  chunk warm {fmt(row['chunk_warm_ms'])} "
+            f"({fmt(row['warm_speedup'], '.1f')} x, {fmt(row['floor_ratio'], '.2f')} x floor) cold "
+            f"{fmt(row['chunk_cold_ms'])} ({fmt(row['cold_overhead'], '.2f')} x)  {variants}"
+        )
 
 
 def _print_targets(targets: dict[str, dict]) -> None:

@@ -78,17 +78,20 @@ class RagWorkload:
     question_tokens: int = 32
     system: str = SYSTEM
     requests: list[RagRequest] = field(default_factory=list)
-    _docs: dict[int, str] = field(default_factory=dict, repr=False)
+    _docs: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
 
-    def doc(self, seed: int) -> str:
-        if seed not in self._docs:
-            self._docs[seed] = document(seed, self.doc_tokens)
-        return self._docs[seed]
+    def doc(self, seed: int, tokens: int | None = None) -> str:
+        """Document `seed` of ~`tokens` tokens (default `doc_tokens`)."""
+        key = (seed, tokens or self.doc_tokens)
+        if key not in self._docs:
+            self._docs[key] = document(*key)
+        return self._docs[key]
 
     def prompt(self, req: RagRequest) -> str:
-        return chunked(
-            self.system, [self.doc(d) for d in req.doc_ids], question(req.question_seed, self.question_tokens)
-        )
+        """The request's chunked prompt (its documents of `meta["doc_tokens"]`, if it says)."""
+        tokens = req.meta.get("doc_tokens")
+        docs = [self.doc(d, tokens) for d in req.doc_ids]
+        return chunked(self.system, docs, question(req.question_seed, self.question_tokens))
 
 
 def zipf_stream(
@@ -134,7 +137,9 @@ def build_workload(
     doc_tokens: int = 512,
     question_tokens: int = 32,
     sweep_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    sweep_sets: tuple[tuple[int, int], ...] = (),
     sweep_warm_repeats: int = 3,
+    recovery_variants: tuple[str, ...] = (),
     cold_requests: int = 3,
     cold_docs: int = 8,
     corpus_size: int = 48,
@@ -154,7 +159,11 @@ def build_workload(
     - sweep: for n in `sweep_sizes`, one request on n new documents ("cold"), then
       `sweep_warm_repeats` on the same documents with every one moved ("warm", a new question);
       with `exact_repeats`, each warm one is sent again as it is (phase "repeat": for prefix
-      caching an exact-prefix hit, the floor of what any cache can do for that prompt);
+      caching an exact-prefix hit, the floor of what any cache can do for that prompt); then
+      `sweep_sets`, (n, tokens) pairs: the same for n new documents of ~tokens tokens each
+      (`meta["doc_tokens"]`); with `recovery_variants`, each warm request of the sweep is
+      followed by one per mode (phase "variant", `meta["recovery"]`): the same documents in
+      another new order, a new question;
     - cold: `cold_requests` requests of `cold_docs` new documents each (all misses);
     - stream: `stream_requests` requests of `docs_per_request` documents (chosen per request)
       drawn from a corpus of `corpus_size` with Zipf(`zipf_s`) popularity, in shuffled order;
@@ -172,13 +181,21 @@ def build_workload(
             add(RagRequest("warmup", docs, next(q), "warm" if r else "cold"))
 
     base = SWEEP_SEEDS
-    for n in sweep_sizes:
-        orders = reorderings(list(range(base, base + n)), 1 + sweep_warm_repeats, rng)
+    per_warm = 1 + len(recovery_variants)
+    for n, tokens in [(n, None) for n in sweep_sizes] + list(sweep_sets):
+        meta = {} if tokens is None else {"doc_tokens": tokens}
+        if recovery_variants and 1 < n < 1 + sweep_warm_repeats * per_warm:
+            raise ValueError(f"{n} documents have too few orders for the repeats and variants")
+        orders = reorderings(list(range(base, base + n)), 1 + sweep_warm_repeats * per_warm, rng)
         base += n
-        for r, docs in enumerate(orders):
-            add(RagRequest("sweep", docs, next(q), "warm" if r else "cold"))
-            if exact_repeats and r:
-                add(RagRequest("repeat", docs, w.requests[-1].question_seed, "warm"))
+        add(RagRequest("sweep", orders[0], next(q), "cold", dict(meta)))
+        for r in range(sweep_warm_repeats):
+            group = orders[1 + r * per_warm : 1 + (r + 1) * per_warm]
+            add(RagRequest("sweep", group[0], next(q), "warm", dict(meta)))
+            if exact_repeats:
+                add(RagRequest("repeat", group[0], w.requests[-1].question_seed, "warm", dict(meta)))
+            for mode, docs in zip(recovery_variants, group[1:], strict=True):
+                add(RagRequest("variant", docs, next(q), "warm", {**meta, "recovery": mode}))
 
     for i in range(cold_requests):
         add(RagRequest("cold", [COLD_SEEDS + cold_docs * i + j for j in range(cold_docs)], next(q), "cold"))

@@ -349,7 +349,8 @@ def build_tokenizer():
     return tok
 
 
-def write_tokenizer(tok, out: Path) -> None:
+def write_tokenizer(tok, out: Path, max_length: int = MAX_POSITIONS) -> None:
+    """The tokenizer files in `out` (`max_length`: the tokenizer's `model_max_length`)."""
     tok.save(str(out / "tokenizer.json"), pretty=False)
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -358,7 +359,7 @@ def write_tokenizer(tok, out: Path) -> None:
         "pad_token": PAD,
         "add_bos_token": True,
         "add_eos_token": False,
-        "model_max_length": MAX_POSITIONS,
+        "model_max_length": max_length,
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }

@@ -1,8 +1,9 @@
 """The GPU session's plan (`tools/gpu/session.sh`, docs/operator/gpu.md) run on the CPU as it runs on a lent
 GPU, call by call, so that it cannot rot between loans: a bundle in two parts carried by two calls,
-`receive prep` / `receive` / `receive install test bench`, with the CPU stand-ins of
+`receive prep` / `receive` / `receive install shapes test`, with the CPU stand-ins of
 `GPU_SESSION_DRY_RUN=1` where CUDA is needed (the bundle checked and unpacked, not installed; the
-GPU test cases on the CPU engine; the benchmark's four servers on a tiny model). What comes back
+long-context benchmark's three servers on the tiny dummy shape with random weights, its workload
+scaled down; the GPU test cases on the CPU engine). What comes back
 must fit what the device tool returns (at most 8 files in `$OUT`), and a step that no longer fits
 the call's budget must be skipped and said, not killed."""
 
@@ -103,22 +104,24 @@ def test_the_gpu_session_plan_on_the_cpu(tmp_path: Path):
     said, out = call(tmp_path, 2, [part1], ["receive"])
     assert "0 part(s) still to come" in said
 
-    said, out = call(tmp_path, 3, [], ["receive", "install", "test", "bench"], GPU_SESSION_TESTS="sequential")
+    said, out = call(
+        tmp_path, 3, [], ["receive", "install", "shapes", "test"], GPU_SESSION_TESTS="sequential"
+    )
     steps = steps_of(out)
-    assert list(steps) == ["receive", "install", "test", "bench"]
+    assert list(steps) == ["receive", "install", "shapes", "test"]
     assert all(status == "0" for status, *_ in steps.values()), steps
     assert set(returned(out)) == {
         "steps.tsv",
         "logs.tar.gz",
         "gpu_tests.json",
-        "rag_cpu-dry-run.json",
-        "rag_cpu-dry-run.png",
+        "rag_tiny-llama3.1_cpu-dry-run.json",
+        "rag_tiny-llama3.1_cpu-dry-run.png",
     }
 
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
         install_log = tar.extractfile("logs/install.log").read().decode()
-    assert {"logs/install.log", "logs/gpu_tests.xml", "logs/bench.log"} <= set(names), names
+    assert {"logs/install.log", "logs/gpu_tests.xml", "logs/shapes.log"} <= set(names), names
     assert "would install 1 wheels" in install_log and PROBE in install_log, install_log
 
     report = json.loads((out / "gpu_tests.json").read_text())
@@ -126,11 +129,22 @@ def test_the_gpu_session_plan_on_the_cpu(tmp_path: Path):
     assert report["tiny-llama3-sequential"]["answers"] == 20
     assert report["tiny-llama3-sequential"]["engine"]["scheduler"] == "ChunkCacheScheduler"
 
-    bench = json.loads((out / "rag_cpu-dry-run.json").read_text())
-    assert list(bench["configs"]) == ["no_cache", "prefix", "chunk", "qattn"]
-    assert all(c.get("samples") and c.get("started_with_others") for c in bench["configs"].values()), bench
-    assert {"warm_speedup", "floor_ratio", "qattn_ratio"} <= set(bench["targets"]), bench["targets"]
-    assert all(bench["targets"][t]["value"] for t in ("warm_speedup", "floor_ratio", "qattn_ratio"))
+    bench = json.loads((out / "rag_tiny-llama3.1_cpu-dry-run.json").read_text())
+    assert bench["weights"].startswith("random") and bench["settings"]["load_format"] == "dummy"
+    assert list(bench["configs"]) == ["no_cache", "prefix", "chunk"]
+    for name, config in bench["configs"].items():
+        assert config.get("samples") and config.get("started_with_others"), config
+        assert "--load-format dummy" in config["server_command"]
+        assert any(s["phase"] == "variant" for s in config["samples"]) == (name == "chunk")
+        assert config["concurrency"]["4"]["requests"] == 8
+    assert list(bench["sets"]) == ["4x64", "8x32", "4x128"]
+    for row in bench["sets"].values():
+        assert all(row[k] for k in ("no_cache_warm_ms", "floor_ms", "chunk_warm_ms", "chunk_cold_ms")), row
+        assert all(v["warm_ms"] and v["requests"] == 1 for v in row["variants"].values()), row
+        assert row["variants"]["cover:0.7/0.2"]["fallback_rate"] is not None
+    targets = bench["targets"]
+    assert {"cold_overhead_4x128", "qattn_vs_full_qattn:0.15_8x32", "throughput_speedup_4"} <= set(targets)
+    assert all(t["value"] for t in targets.values()), targets
 
     # A step that no longer fits the call's budget is skipped and said, and the call returns.
     said, out = call(tmp_path, 4, [], ["test"], GPU_SESSION_BUDGET_S="30")

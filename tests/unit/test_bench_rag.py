@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_rag, rag_servers, rag_summary
+from benchmarks import bench_rag, rag_servers, rag_sets, rag_summary
 from harness import rag_workload
 from harness.serve_util import REPO
 
@@ -122,3 +122,82 @@ def test_floor_repeats_each_warm_sweep_request_as_it_is_and_gives_the_floor_targ
     t = rag_summary.targets(results)
     assert t["floor_ratio"]["value"] == pytest.approx(1.1) and t["floor_ratio"]["pass"]
     assert "floor_ratio" not in rag_summary.targets({"chunk": results["chunk"]})
+
+
+def test_long_sets_preset_sends_every_set_cold_warm_floor_and_variants():
+    args = args_for("--long-sets", "--model", str(REPO / ".models" / "dummy-llama3.1-8b"))
+    assert args.doc_sets == ((8, 2048), (32, 1024), (16, 4096)) and args.floor
+    assert args.recovery_variants == ("qattn:0.15", "cover:0.7/0.2")
+    assert (args.configs, args.concurrency, args.max_model_len) == ("no_cache,prefix,chunk", (16,), 77824)
+    assert args.out.name == "rag_dummy-llama3.1-8b_long_sets.json"
+    w = bench_rag.workload_from_args(args)
+    sweep = [r for r in w.requests if r.phase != "warmup"]
+    assert [(r.phase, r.label, len(r.doc_ids), r.meta.get("recovery")) for r in sweep[:7]] == [
+        ("sweep", "cold", 8, None),
+        *[("sweep", "warm", 8, None), ("repeat", "warm", 8, None)],
+        ("variant", "warm", 8, "qattn:0.15"),
+        ("variant", "warm", 8, "cover:0.7/0.2"),
+        ("sweep", "warm", 8, None),
+        ("repeat", "warm", 8, None),
+    ]
+    assert {r.meta["doc_tokens"] for r in sweep if len(r.doc_ids) == 16} == {4096}
+    for n in (8, 32, 16):  # no two requests of a set but a repeat share a first document
+        firsts = [r.doc_ids[0] for r in sweep if len(r.doc_ids) == n and r.phase != "repeat"]
+        assert len(firsts) == len(set(firsts)) == 7
+    assert len(w.prompt(sweep[0])) > 8 * 2048 * 2  # ~3 characters a token
+    streams = bench_rag.concurrency_streams(args, w)
+    assert list(streams) == [16] and all(8 <= len(r.doc_ids) <= 16 for r in streams[16])
+    with pytest.raises(ValueError, match="too few orders"):
+        bench_rag.workload_from_args(args_for("--doc-sets", "4x64", "--recovery-variants", "qattn:0.2,last"))
+
+
+def test_dummy_weights_are_asked_for_and_said(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 16384}))
+    with pytest.raises(SystemExit, match="--load-format dummy"):
+        bench_rag.selected_configs(args_for("--model", str(tmp_path)))
+    args = args_for("--model", str(tmp_path), "--load-format", "dummy")
+    assert bench_rag.selected_configs(args) == ["no_cache", "prefix", "chunk"]
+    served = rag_servers.server_args("chunk", args)
+    assert served[served.index("--load-format") + 1] == "dummy"
+    assert "--load-format" not in rag_servers.server_args("chunk", args_for("--model", str(tmp_path)))
+    report = bench_rag.new_report(args, [], bench_rag.workload_from_args(args), {})
+    assert report["weights"] == bench_rag.DUMMY_WEIGHTS
+
+
+def test_set_table_and_targets():
+    def s(config_ttft, phase, label, recovery=None, **counters):
+        return {
+            "phase": phase, "label": label, "n_docs": 32, "doc_tokens": 1024, "ttft_ms": config_ttft,
+            "prompt_tokens": 36_000, "recovery": recovery, **counters,
+        }  # fmt: skip
+
+    results = {
+        "no_cache": {
+            "samples": [s(2000, "sweep", "cold"), s(1900, "sweep", "warm"), s(1900, "repeat", "warm")]
+        },
+        "prefix": {"samples": [s(2000, "sweep", "cold"), s(1900, "sweep", "warm"), s(50, "repeat", "warm")]},
+        "chunk": {
+            "samples": [
+                s(2200, "sweep", "cold"),
+                s(55, "sweep", "warm"),
+                s(50, "repeat", "warm"),
+                s(500, "variant", "warm", "qattn:0.15", selected_tokens=4800, cover_fallbacks=0),
+                s(1800, "variant", "warm", "cover:0.7/0.2", selected_tokens=0, cover_fallbacks=1),
+            ]
+        },
+    }
+    table = rag_sets.set_table(results)
+    row = table["32x1024"]
+    assert row["warm_speedup"] == pytest.approx(1900 / 55) and row["floor_ratio"] == pytest.approx(1.1)
+    assert row["cold_overhead"] == pytest.approx(1.1)
+    assert row["variants"]["qattn:0.15"]["vs_full"] == pytest.approx(500 / 1900)
+    assert row["variants"]["cover:0.7/0.2"]["fallback_rate"] == 1.0
+    t = rag_sets.set_targets(table)
+    assert {k for k, v in t.items() if v["pass"]} == {
+        "warm_speedup_32x1024",
+        "floor_ratio_32x1024",
+        "cold_overhead_32x1024",
+        "qattn_vs_full_qattn:0.15_32x1024",
+    }
+    assert rag_summary.sweep_key(results["chunk"]["samples"][0]) == "32x1024"
+    assert "warm_speedup" not in rag_summary.targets(results, ttft=False)

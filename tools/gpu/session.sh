@@ -5,13 +5,17 @@
 #
 #   tools/gpu/session.sh STEP [STEP ...]      the steps in order, each timed and logged
 #
-# The plan (docs/operator/gpu.md has the table with the carried parts and the expected times):
-#   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models, Triton kernel
-#                                        tests (H200: 47 s, + ~33 s machine start)
+# The plan, most valuable first (docs/operator/gpu.md has the table with the carried parts and the
+# expected times):
+#   call 1  receive prep                 part 00 + SHA256SUMS; GPU facts, the models and the dummy
+#                                        shapes, Triton kernel tests (H200: 47 s, + ~33 s machine start)
 #   call 2  receive                      part 01 (1 s)
-#   call 3  receive install test bench   part 02; the bundle into .venv-gpu (34 s), the GPU engine
-#                                        tests, five engines at once (190 s), the 8 x 512 benchmark (104 s)
-#   call 4  (what is left, ~7 min)       a step again, or `quality`
+#   call 3  receive install shapes       part 02; the bundle into .venv-gpu (34 s), the long-context
+#                                        benchmark on the 8B shape (random weights; ~250 s, estimated)
+#   call 4  test shapes                  GPU_SHAPES=qwen3-8b, GPU_SESSION_BUDGET_S = the device time
+#                                        left less 30 s: the GPU engine tests, five engines at once
+#                                        (190 s), then the Qwen3-8B shape if it still fits
+#   a next loan: quality (its parts), GPU_SHAPES=qwen2.5-32b shapes
 #
 # Steps:
 #   receive  copy the parts carried under .gpu-bundle/{parts,quality}/ into the store, check them
@@ -19,8 +23,12 @@
 #            the Triton KV-load kernel tests (they need no vLLM)
 #   install  reassemble + install the bundle into .venv-gpu (tools/gpu/bundle_install.sh), patch vLLM
 #   test     tests/engine/test_gpu_engine.py on five pytest workers (bf16, vLLM's defaults)
-#   bench    bench_rag --quick on bench-llama-1b, 8 x 512 documents, --floor, configurations
-#            no_cache, prefix, chunk and qattn started at once (--parallel-start)
+#   shapes   bench_rag --long-sets (8 x 2K, 32 x 1K, 16 x 4K documents; no caching, the exact-prefix
+#            floor, the chunk cache warm and cold, qattn:0.15 and cover:0.7/0.2 warm; a 16-client
+#            Zipf stream against prefix caching) on each config-only shape of GPU_SHAPES (default
+#            llama3.1-8b; scripts/make_dummy_shapes.py) served with --load-format dummy, bf16
+#   bench    (the 2026-11-27 run's, out of the plan) bench_rag --quick on bench-llama-1b, 8 x 512
+#            documents, --floor, configurations no_cache, prefix, chunk and qattn started at once
 #   quality  SmolLM2-135M answer quality (needs the quality parts: docs/operator/gpu.md)
 #   explore  issue 35's recovery rules in their HF plans on SmolLM2-135M, fp32 on the GPU: needs
 #            the quality parts only (no bundle, no install): `receive` (GGUF part 00 and the
@@ -29,7 +37,7 @@
 # What each step writes lands in $OUT (default gpu-out/) as it goes, in at most 8 files (what the
 # device tool brings back): steps.tsv (step, exit status, seconds, what it says), logs.tar.gz
 # (every log and report, rewritten after each step), and the results themselves
-# (gpu_tests.json, rag_<gpu>.json/png, kernels.txt). The whole command stays under
+# (gpu_tests.json, rag_<shape>_<gpu>.json/png, rag_<gpu>.json/png, kernels.txt). The whole command stays under
 # GPU_SESSION_BUDGET_S (default 570 s): a step gets what is left, and a step whose usual time no
 # longer fits is skipped and says so, so a call returns what finished instead of being killed.
 #
@@ -37,12 +45,13 @@
 # (tests/install/test_gpu_session.py runs it in CI): `prep` on the CPU, `install` checks and unpacks
 # the bundle and lists what it would install (BUNDLE_DRY_RUN=1) and keeps the CPU venv, `test` runs
 # the GPU test cases on the CPU engine (CHUNK_CACHE_GPU_TESTS_ON_CPU=1; GPU_SESSION_TESTS picks
-# them), `bench` the same benchmark on a tiny model with a short workload.
+# them), `shapes` the same benchmark on the tiny dummy shape with the workload scaled down, `bench`
+# the same benchmark on a tiny model with a short workload.
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
-[ $# -gt 0 ] || { echo "usage: gpu_session.sh receive|prep|install|test|bench|quality|explore ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: gpu_session.sh receive|prep|install|shapes|test|bench|quality|explore ..." >&2; exit 2; }
 carried=${GPU_BUNDLE_CARRIED:-$repo/.gpu-bundle}
 store=${GPU_BUNDLE_STORE:-$HOME/.cache/vllm-ascend-chunk/gpu-bundle}
 venv=${GPU_VENV:-$repo/.venv-gpu}
@@ -61,7 +70,8 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 
 # Seconds a step takes on the GPU (measured on an H200, 2026-11-27, with some margin; quality: an
 # estimate): a step starts only if this much of the budget is left.
-declare -A needs=([receive]=5 [prep]=60 [install]=45 [test]=200 [bench]=120 [quality]=240 [explore]=150)
+# shapes: an estimate (not run on a GPU yet; its dry run: ~150 s on 2 CPU cores).
+declare -A needs=([receive]=5 [prep]=60 [install]=45 [test]=200 [bench]=120 [shapes]=300 [quality]=240 [explore]=150)
 
 gpu_tag() {
   local name
@@ -121,6 +131,7 @@ prep() {
     nproc
   } 2>&1 | tee "$work/logs/gpu.txt"
   "$base_python" scripts/make_tiny_models.py --out "$models" || return 1
+  "$base_python" scripts/make_dummy_shapes.py --out "$models" || return 1
   if [ -z "$dry" ]; then
     "$base_python" scripts/make_tiny_models.py --out "$models" --only bench-llama-1b || return 1
   fi
@@ -175,6 +186,48 @@ bench() {
     --out "$work/rag_$tag.json" --log-dir "$work/logs/bench" 2>&1 | tee "$work/logs/bench.log"
   local rc=${PIPESTATUS[0]}
   cp "$work/rag_$tag.json" "$work/rag_$tag.png" "$out/" 2>/dev/null
+  return "$rc"
+}
+
+# Per shape: how its servers share one H200 (~139 GiB; docs/operator/gpu.md, "Realistic shapes").
+# 8B: three servers at once, each 15 GiB of random bf16 weights and a fixed 24 GiB KV cache (the
+# chunk cache's pool, 12 GiB, taken out of it: the 16 x 4K set's 71K document tokens are 8.7 GiB at
+# 128 KiB a token). 32B: 61 GiB of weights, one server at a time, two sets and one warm repeat.
+declare -A shape_args=(
+  [llama3.1-8b]="--parallel-start --pool-gb 12 --server-arg=--gpu-memory-utilization=0.3 --server-arg=--kv-cache-memory-bytes=24G"
+  [qwen3-8b]="--parallel-start --pool-gb 12 --server-arg=--gpu-memory-utilization=0.3 --server-arg=--kv-cache-memory-bytes=24G"
+  [qwen2.5-32b]="--pool-gb 20 --doc-sets 8x2048,32x1024 --sweep-repeats 1 --concurrency-requests 16 --server-arg=--gpu-memory-utilization=0.85 --server-arg=--kv-cache-memory-bytes=48G"
+  [qwen3-30b-a3b]="--parallel-start --pool-gb 12 --server-arg=--gpu-memory-utilization=0.3 --server-arg=--kv-cache-memory-bytes=24G"
+)
+
+shapes() {
+  # Issue 58's long-context workload (bench_rag --long-sets) on config-only shapes, random bf16
+  # weights (--load-format dummy: TTFT and throughput only), with vLLM's defaults (torch.compile,
+  # CUDA graphs, async scheduling); one JSON + PNG per shape. On a dry run: the tiny dummy shape,
+  # the sets and the stream scaled down, the model worker in each engine-core process.
+  local python shape list args rc=0
+  python=$(python_of_venv)
+  list=${GPU_SHAPES:-llama3.1-8b}
+  [ -z "$dry" ] || list=tiny-llama3.1
+  for shape in $list; do
+    if [ -n "$dry" ]; then
+      args=(--doc-sets 4x64,8x32,4x128 --doc-tokens 64 --sweep-repeats 1 --concurrency 4 --concurrency-requests 8
+        --corpus-size 8 --docs-per-request 4-6 --kv-space-gb 1 --pool-gb 0.25 --max-model-len 2048
+        --parallel-start --server-env=VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    elif [ -z "${shape_args[$shape]:-}" ]; then
+      echo "shapes: no serving plan for '$shape' (one of: ${!shape_args[*]})"; rc=1; continue
+    elif [[ $shape == *-a3b ]] && ! "$python" -c 'import torch, vllm._moe_C' 2>/dev/null; then
+      # The offline bundle leaves out vLLM's MoE kernels (tools/gpu/bundle_build.py, REMOVED).
+      echo "shapes: $shape needs vllm/_moe_C, which this vLLM lacks: skipped"; rc=1; continue
+    else
+      read -ra args <<<"${shape_args[$shape]} --dtype bfloat16"
+    fi
+    "$python" -m benchmarks.bench_rag --long-sets --model "$models/dummy-$shape" --load-format dummy \
+      "${args[@]}" --note "$tag, gpu_session.sh shapes" --out "$work/rag_${shape}_$tag.json" \
+      --log-dir "$work/logs/shapes-$shape" 2>&1 | tee -a "$work/logs/shapes.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    cp "$work/rag_${shape}_$tag.json" "$work/rag_${shape}_$tag.png" "$out/" 2>/dev/null
+  done
   return "$rc"
 }
 
@@ -310,6 +363,7 @@ if [ "$1" = __step ]; then
     install) do_install ;;
     test) tests ;;
     bench) bench ;;
+    shapes) shapes ;;
     quality) quality ;;
     explore) explore ;;
     *) echo "gpu_session: unknown step '$2'" >&2; exit 2 ;;
