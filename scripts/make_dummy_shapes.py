@@ -24,14 +24,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from scripts.make_tiny_models import BOS, EOS, PAD, build_tokenizer, write_tokenizer  # noqa: E402
+from scripts.make_tiny_models import (  # noqa: E402
+    BOS,
+    EOS,
+    PAD,
+    build_tokenizer,
+    is_current,
+    publish,
+    write_tokenizer,
+)
 
 DEFAULT_OUT = Path(os.environ.get("CHUNK_CACHE_MODELS_DIR", REPO / ".models"))
 GENERATOR_VERSION = "1"
@@ -159,18 +166,7 @@ def write_shape(name: str, tok, out: Path) -> None:
         gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")} | {"do_sample": False}
         (d / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
         write_tokenizer(tok, d, max_length=cfg["max_position_embeddings"])
-        (d / "GENERATOR_VERSION").write_text(GENERATOR_VERSION + "\n")
-        target = out / name
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(d, target)
-        os.mkdir(d)  # TemporaryDirectory cleans up the (now empty) path it created
-
-
-def is_current(model_dir: Path) -> bool:
-    """Whether `model_dir` was written by this version of the generator."""
-    stamp = model_dir / "GENERATOR_VERSION"
-    return stamp.is_file() and stamp.read_text().strip() == GENERATOR_VERSION
+        publish(d, out / name, GENERATOR_VERSION)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.only or list(SHAPES)
-    todo = [n for n in names if args.force or not is_current(args.out / n)]
+    todo = [n for n in names if args.force or not is_current(args.out / n, GENERATOR_VERSION)]
     tok = build_tokenizer() if todo else None
     for name in names:
         if name in todo:

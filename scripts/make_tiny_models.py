@@ -541,17 +541,23 @@ def write_model(name: str, spec: dict, tok, out: Path) -> None:
         save_file(
             make_weights(spec, tok.get_vocab_size()), str(d / "model.safetensors"), metadata={"format": "pt"}
         )
-        (d / "GENERATOR_VERSION").write_text(GENERATOR_VERSION + "\n")
-        target = out / name
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(d, target)
-        os.mkdir(d)  # TemporaryDirectory cleans up the (now empty) path it created
+        publish(d, out / name, GENERATOR_VERSION)
 
 
-def is_current(model_dir: Path) -> bool:
+def publish(built: Path, target: Path, version: str) -> None:
+    """Stamp the model folder `built` (a `TemporaryDirectory`'s) with the generator `version` and
+    move it into place as `target`, replacing an older one."""
+    (built / "GENERATOR_VERSION").write_text(version + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(built, target)
+    os.mkdir(built)  # TemporaryDirectory cleans up the (now empty) path it created
+
+
+def is_current(model_dir: Path, version: str = GENERATOR_VERSION) -> bool:
+    """Whether `model_dir` was written by generator `version` (default: this script's)."""
     stamp = model_dir / "GENERATOR_VERSION"
-    return stamp.is_file() and stamp.read_text().strip() == GENERATOR_VERSION
+    return stamp.is_file() and stamp.read_text().strip() == version
 
 
 def digest(model_dir: Path) -> str:
