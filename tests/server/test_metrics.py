@@ -13,6 +13,13 @@ from vllm_ascend_chunk.metrics import ChunkCacheMetrics
 LABELS = ["model_name", "engine"]
 
 
+def _delta(now, before):
+    """How much a metric moved; by label for the counters by reason (`remote_reasons`)."""
+    if isinstance(now, dict):
+        return {k: _delta(v, before.get(k, {} if isinstance(v, dict) else 0)) for k, v in now.items()}
+    return now - before
+
+
 def test_server_metrics_endpoint(tiny_llama_server):
     """`/metrics` of a real `vllm serve` shows a cold request's misses, then a warm one's hits."""
     client = server_utils.client(tiny_llama_server)
@@ -27,7 +34,7 @@ def test_server_metrics_endpoint(tiny_llama_server):
         now = server_utils.wait_metrics(tiny_llama_server, lambda m: m.hit_count + m.miss_count >= seen + 2)
         return ChunkCacheMetrics(
             **{
-                f.name: getattr(now, f.name) - getattr(before, f.name)
+                f.name: _delta(getattr(now, f.name), getattr(before, f.name))
                 for f in dataclasses.fields(ChunkCacheMetrics)
             }
         )
