@@ -2,7 +2,8 @@
 # Apply, check or revert the Chunk Cache patch series on the installed vLLM (and vllm-ascend).
 #
 #   scripts/apply_patches.sh            apply what is not applied yet (idempotent)
-#   scripts/apply_patches.sh --check    report applied / not applied / conflict per patch
+#   scripts/apply_patches.sh --check    report applied / not applied / conflict per patch, and
+#                                       what the package replaces at run time without a patch
 #   scripts/apply_patches.sh --revert   revert what is applied, newest first
 #
 # Options:
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --revert) mode=revert ;;
     --python) python=${2:?--python needs a path}; shift ;;
     --target) target=${2:?--target needs a folder}; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "apply_patches: unknown argument '$1' (see --help)" >&2; exit 4 ;;
   esac
   shift
@@ -183,4 +184,8 @@ for project in "${order[@]}"; do
       [ "$reverted" -gt 0 ] || echo "  no patch applied; nothing to revert" ;;
   esac
 done
+if [ "$mode" = check ] && [ -f "$repo/patches/runtime-hooks.txt" ]; then
+  echo "at run time, no patch (installed while an engine starts; patches/runtime-hooks.txt):"
+  grep -v '^#' "$repo/patches/runtime-hooks.txt" | sed 's/^/  /'
+fi
 exit $status

@@ -58,6 +58,7 @@ def test_apply_is_idempotent_and_revert_restores_pristine(scratch: Path):
     check = run("--check", target=scratch)
     assert check.returncode == 0
     assert check.stdout.count("applied") == len(PATCHES) and "not applied" not in check.stdout
+    assert "at run time, no patch" in check.stdout and "impl.forward" in check.stdout
 
     revert = run("--revert", target=scratch)
     assert revert.returncode == 0

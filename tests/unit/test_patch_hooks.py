@@ -32,3 +32,19 @@ def test_every_hook_a_patch_calls_exists_and_resolves():
             module, _, attr = hook.__doc__.strip("`").rpartition(".")
             __import__(module)
             assert callable(getattr(__import__(module, fromlist=[attr]), attr)), name
+
+
+def test_every_runtime_replacement_in_the_package_is_listed_for_check():
+    """What the package replaces on vLLM's objects while an engine runs, outside the series
+    (an assignment to a `forward`), is listed in patches/runtime-hooks.txt, which `--check` prints."""
+    listed = {
+        line.split(" | ")[0]
+        for line in (REPO / "patches" / "runtime-hooks.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    replacing = {
+        str(path.relative_to(REPO))
+        for path in (REPO / "vllm_ascend_chunk").rglob("*.py")
+        if re.search(r"^\s*[\w.]+\.forward\s*=", path.read_text(), re.M)
+    }
+    assert replacing and listed == replacing
