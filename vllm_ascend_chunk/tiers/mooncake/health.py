@@ -42,6 +42,9 @@ class StoreConnection:
         """Why the store should be probed now (an operation failed), if it should."""
         self._wake = threading.Event()
         """Wakes the connector: an operation failed, or the store closes."""
+        self._settled = threading.Event()
+        """Clear from a suspicion until the probe it calls for has decided (`hold_reads`)."""
+        self._settled.set()
         self._thread = threading.Thread(target=self._loop, name="chunk-cache-remote-connect", daemon=True)
 
     def start(self) -> None:
@@ -51,8 +54,15 @@ class StoreConnection:
         """Wakes the connector thread (the store is closing)."""
         self._wake.set()
 
+    def hold_reads(self, timeout_s: float) -> None:
+        """Returns once no probe is pending (at most `timeout_s`): a read started while the store
+        is suspect would likely hang in it, and a read stuck in a stopped store process keeps a
+        core busy in the Mooncake client until its transfer times out."""
+        self._settled.wait(timeout_s)
+
     def stop(self) -> Any:
         """Ends the connector thread (after the store's `closed` is set); the client, now no one's."""
+        self._settled.set()
         self._wake.set()
         self._thread.join()
         with self._lock:
@@ -66,11 +76,13 @@ class StoreConnection:
             if not self.up or self._closed.is_set():
                 return
             self._suspect = self._suspect or reason
+            self._settled.clear()
         self._wake.set()
 
     def suspect_locked(self, reason: str) -> None:
         """`operation_failed`, the store's lock held, the store up."""
         self._suspect = self._suspect or reason
+        self._settled.clear()
         self._wake.set()
 
     def failed(self, reason: str) -> None:
@@ -78,6 +90,8 @@ class StoreConnection:
             self.up = False
             first = not self._outage_logged
             self._outage_logged = True
+            self._suspect = None
+            self._settled.set()  # down: reads are refused at once, none waits
         self._on_outage()
         if first:
             logger.warning(
@@ -92,6 +106,7 @@ class StoreConnection:
         with self._lock:
             self.up = True
             self._suspect = None
+            self._settled.set()
             again, self._ever_up = self._ever_up, True
             self._outage_logged = False
         logger.info(
@@ -112,6 +127,9 @@ class StoreConnection:
                     suspect, self._suspect = self._suspect, None
                 if (failure := self._probe(self.client)) is not None:
                     self.failed(f"{failure}, after {suspect}")
+                with self._lock:
+                    if self._suspect is None:  # no new suspicion meanwhile
+                        self._settled.set()
             self._wake.wait(self.config.retry_s)
             self._wake.clear()
 

@@ -34,6 +34,10 @@ Faults:
   than `timeout_s` before the first client starts, so reader threads are freed too (the margin
   lets the read's deadline settle it first, as a timeout). A call to a dead master returns after
   ~4 s whatever the settings.
+- While the probe that a failed or timed-out operation calls for is pending, readers start no new
+  read (`StoreConnection.hold_reads`): it would likely hang too, and a read stuck in a stopped
+  store process keeps a core busy in the Mooncake client until its transfer times out. Queued
+  reads wait (the caller may cancel them meanwhile) and resolve as store errors if the probe fails.
 - An object that is not the one asked for is `None` and removed, so that the next writer of the
   entry writes it again (the name is made of the entry key and the shard, which fix every field of
   the header: such an object is of use to no reader of the name). Without a secret (the store is
@@ -255,6 +259,7 @@ class RemoteStore:
 
     def _read_loop(self) -> None:
         while (pending := self._reads.get()) is not None:
+            self._conn.hold_reads(2 * self.config.timeout_s + self.config.retry_s)
             if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
                 self._count("get_drops")
                 continue
