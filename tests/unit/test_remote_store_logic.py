@@ -25,7 +25,7 @@ from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_
 from vllm_ascend_chunk.config.settings import RemoteConfig
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode, object_size
-from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS
+from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS, PROBE_NAME
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier
 
@@ -344,6 +344,28 @@ def test_a_read_past_its_deadline_misses_and_is_not_an_outage(
     mooncake.release()
     assert torch.equal(read(store, "doc", h), kv)
     assert store.stats().hits == 1
+
+
+def test_no_read_starts_while_the_probe_a_timeout_called_for_is_pending(
+    mooncake: FakeMooncake, make_store: MakeStore
+) -> None:
+    """A read started into a store that just let one time out would likely hang too (and in a
+    stopped Mooncake store keep a core busy): readers wait for the probe's verdict. Here the probe
+    hangs, then finds the master gone: the read asked meanwhile never reaches the store."""
+    store = make_store(timeout_s=1.0)
+    h = header("doc")
+    written(store, "doc", h, kv_for(h))
+    mooncake.held.update({"slow", PROBE_NAME})
+    assert store.get("slow", header("slow")).result(timeout=10) is None  # timed out: suspect
+    wait_for(lambda: mooncake.called("is_exist", PROBE_NAME), 10, "the probe under way", interval_s=0.01)
+    asked = store.get("doc", h)  # one reader is free
+    time.sleep(0.2)
+    assert not asked.done() and mooncake.called("get", "doc") == 0, "a read started during the probe"
+    mooncake.down = True
+    mooncake.release()
+    assert asked.result(timeout=10) is None
+    assert mooncake.called("get", "doc") == 0 and not store.up
+    assert store.stats().timeouts == 1
 
 
 def test_an_outage_drains_the_reads_drops_the_writes_and_heals(
