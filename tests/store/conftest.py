@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from harness.mooncake_store import MooncakeProcs
 from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
 
 
@@ -34,13 +36,22 @@ def own_mooncake(tmp_path: Path) -> Iterator[MooncakeProcs]:
 
 @pytest.fixture
 def remote_store() -> Iterator[Callable[[RemoteConfig], RemoteStore]]:
-    """Makes `RemoteStore`s, closed at teardown."""
+    """Makes `RemoteStore`s, closed at teardown. A store bounds Mooncake's transfers by its
+    timeout process-wide, unless bounded already (`bound_mooncake_transfers`): each test starts
+    unbounded, so that its first store sets its own bound, not one left by an earlier test."""
     stores: list[RemoteStore] = []
+    saved = {name: os.environ.pop(name, None) for name in MOONCAKE_TCP_BOUNDS}
 
     def make(config: RemoteConfig) -> RemoteStore:
         stores.append(RemoteStore(config))
         return stores[-1]
 
-    yield make
-    for store in stores:
-        store.close()
+    try:
+        yield make
+    finally:
+        for store in stores:
+            store.close()
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
