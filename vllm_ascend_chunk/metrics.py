@@ -28,6 +28,7 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 from vllm_ascend_chunk.core.stats import REASONS, ChunkCacheStats, reason_field
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
+from vllm_ascend_chunk.tiers.registry import tier_gauges
 
 PREFIX = "vllm:chunk_cache_"
 
@@ -46,10 +47,9 @@ GAUGES = {
     "usage_ratio": "Fraction of the chunk pool's pages in use (0..1).",
     "entries": "Entries in the pool (resident or being computed).",
     "pinned_entries": "Entries pinned by requests in flight.",
-    "host_usage_ratio": "Fraction of the host-memory tier's pages in use (0..1; 0 without one).",
-    "host_entries": "Entries in the host-memory tier.",
-    "remote_up": "1 while the remote store is reachable (0 when it is not, or none is configured).",
+    **tier_gauges(),
 }
+"""Gauge name → help text: the pool's, and every tier backend's (`tiers.registry`)."""
 
 
 INCREMENTS = "increments"
@@ -68,10 +68,8 @@ def stats_payload(manager: ChunkCacheManager, delivered: dict[str, int] | None =
         usage_ratio=manager.usage_ratio,
         entries=len(manager.entries),
         pinned_entries=manager.pinned_entries,
-        host_usage_ratio=0.0,  # the gauges of tiers the engine does not have
-        host_entries=0,
-        remote_up=0,
     )
+    data.update(dict.fromkeys(tier_gauges(), 0))  # the gauges of tiers the engine does not have
     for tier in manager.tiers:
         data.update(tier.gauges())
     return data

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tests.helpers.tier_steps import remote_tier
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 from vllm_ascend_chunk.scheduler.requests import UserStatus
@@ -17,7 +18,8 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
     remote read in flight or one that failed and awaits its prefill, no live prefill or remote
     read writes a free page, and host pages partition the host tier."""
     manager = coord.manager
-    reading = list(coord.remote.in_flight.values())
+    remote = remote_tier(coord)
+    reading = list(remote.in_flight.values()) if remote is not None else []
     dropped = {id(e): e for p in live_prefills.values() for e in p.entries if e.dropped}
     dropped.update({id(e): e for u in coord.users.values() for e in (u.entries or []) if e.dropped})
     dropped.update({id(e): e for e in reading + manager.refills if e.dropped})
@@ -49,6 +51,7 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
 def check_drained(coord: ChunkCacheCoordinator) -> None:
     """Nothing pinned or pending is left, and the pool's used pages are exactly its entries'."""
     manager = coord.manager
-    assert not coord.remote.in_flight and not manager.refills
+    remote = remote_tier(coord)
+    assert not (remote is not None and remote.in_flight) and not manager.refills
     assert manager.pinned_entries == 0 and all(e.resident for e in manager.entries.values())
     assert manager.used_pages == sum(len(e.pages) for e in manager.entries.values())

@@ -22,13 +22,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
 from tests.helpers.memory_tier import MemoryTier
+from tests.helpers.tier_steps import host_jobs, remote_jobs, remote_report, remote_tier, with_remote
+from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.core.paging import pages_for, slot_of
-from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
 from vllm_ascend_chunk.scheduler.requests import UserStatus
+from vllm_ascend_chunk.tiers.mooncake.jobs import RemoteRead
 
 BLOCK = 4
 """Paged-KV block size of the fake engine."""
@@ -129,7 +132,13 @@ def coordinator(
         page_size=PAGE,
         num_host_pages=host_pages,
     )
-    return ChunkCacheCoordinator(geometry, BLOCK, priority_order=priority, has_remote=has_remote, ranks=ranks)
+    return ChunkCacheCoordinator(
+        geometry,
+        BLOCK,
+        priority_order=priority,
+        settings=with_remote(get_config()) if has_remote else None,
+        ranks=ranks,
+    )
 
 
 def prefill_request(prefill: ChunkPrefill) -> FakeRequest:
@@ -237,10 +246,8 @@ def test_reads_from_the_remote_store_that_arrive_load_and_those_that_fail_are_co
     coord.on_new_request(arrive)
     assert coord.plan() == []  # SYS, d0 and d1 are read, none computed
     meta = coord.build_connector_meta(FakeOutput({}))
-    assert [read.key for read in meta.remote_reads] == [e.key for e in coord.users["r"].entries]
-    coord.update_connector_output(
-        ChunkCacheWorkerMetadata(reads={0: {r.read_id: True for r in meta.remote_reads}})
-    )
+    assert [read.key for read in remote_jobs(meta).reads] == [e.key for e in coord.users["r"].entries]
+    coord.update_connector_output(remote_report({0: {r.read_id: True for r in remote_jobs(meta).reads}}))
     assert coord.plan() == [] and coord.users["r"].ready
     assert len(admit(coord, arrive).load_rows) == arrive.chunk_cache.question_start
 
@@ -248,10 +255,8 @@ def test_reads_from_the_remote_store_that_arrive_load_and_those_that_fail_are_co
     coord.on_new_request(fail)
     assert coord.plan() == []  # SYS is resident: d2 and d3 are read
     meta = coord.build_connector_meta(FakeOutput({}))
-    assert len(meta.remote_reads) == 2
-    coord.update_connector_output(
-        ChunkCacheWorkerMetadata(reads={0: {r.read_id: False for r in meta.remote_reads}})
-    )
+    assert len(remote_jobs(meta).reads) == 2
+    coord.update_connector_output(remote_report({0: {r.read_id: False for r in remote_jobs(meta).reads}}))
     prefills = coord.plan()
     assert [p.entries for p in prefills] == [[e] for e in coord.users["q"].entries[1:]]
     run_prefills(coord, prefills)
@@ -452,12 +457,12 @@ def test_a_read_ends_when_every_rank_has_reported_it_in_whatever_step():
     assert coord.plan() == []
     meta = coord.build_connector_meta(FakeOutput({}))
     assert meta.idle, "a step in which no request computes"
-    (read_good, read_bad) = meta.remote_reads
-    coord.update_connector_output(ChunkCacheWorkerMetadata(reads={1: {read_good.read_id: True}}))
-    coord.update_connector_output(ChunkCacheWorkerMetadata(reads={0: {read_bad.read_id: True}}))
+    (read_good, read_bad) = remote_jobs(meta).reads
+    coord.update_connector_output(remote_report(reads={1: {read_good.read_id: True}}))
+    coord.update_connector_output(remote_report(reads={0: {read_bad.read_id: True}}))
     assert coord.plan() == [] and not coord.users["r"].ready and not coord.users["q"].ready
     coord.update_connector_output(
-        ChunkCacheWorkerMetadata(reads={0: {read_good.read_id: True}, 1: {read_bad.read_id: False}})
+        remote_report(reads={0: {read_good.read_id: True}, 1: {read_bad.read_id: False}})
     )
     assert coord.users["r"].ready
     prefills = coord.plan()  # rank 1's shard of d1 is missing: d1 is computed
@@ -549,7 +554,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self._read_remote(
             meta,
             arrives=lambda: data.draw(st.sampled_from([True, True, False])),
-            up=data.draw(st.sampled_from([True, True, True, False])) if coord.has_remote else None,
+            up=data.draw(st.sampled_from([True, True, True, False])) if remote_tier(coord) else None,
             ends=lambda: data.draw(st.sampled_from([True, True, False])),
         )
         for prefill in ran:
@@ -580,14 +585,15 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """The host-tier copies at the start of the step: into host memory first, then out of it.
         A row written twice by one copy holds neither value for sure (`index_copy_` with duplicate
         indices has no defined winner): it holds None, which no check accepts."""
-        writes = [self.rows.get(r) for r in meta.host_write_from]
-        self.host_rows.update(undefined_where_duplicate(meta.host_write_to, writes))
-        reads = [self.host_rows.get(r) for r in meta.host_read_from]
-        self.rows.update(undefined_where_duplicate(meta.host_read_to, reads))
+        jobs = host_jobs(meta)
+        writes = [self.rows.get(r) for r in jobs.write_from]
+        self.host_rows.update(undefined_where_duplicate(jobs.write_to, writes))
+        reads = [self.host_rows.get(r) for r in jobs.read_from]
+        self.rows.update(undefined_where_duplicate(jobs.read_to, reads))
 
     def _write_remote(self, meta: ChunkCacheStepMetadata) -> None:
         """Every remote write holds exactly its entry's tokens, all of one generation."""
-        for write in meta.remote_writes:
+        for write in remote_jobs(meta).writes:
             held = [self.rows.get(r) for r in write.rows]
             generation = held[0][2] if held[0] else -1
             assert held == [(write.key, t, generation) for t in range(len(held))], "wrong K/V written"
@@ -597,7 +603,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """The step's end: each rank ends each of its pending reads now if `ends()`, else in a
         later step; a read brings its rank's shard if the store has the object and `arrives()`
         (rank 0's shard stands for the rows)."""
-        self.pending_reads += [(read, set(range(self.ranks))) for read in meta.remote_reads]
+        self.pending_reads += [(read, set(range(self.ranks))) for read in remote_jobs(meta).reads]
         reads: dict[int, dict[int, bool]] = {}
         for read, ranks_left in self.pending_reads:
             for rank in sorted(ranks_left):
@@ -611,9 +617,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 reads.setdefault(rank, {})[read.read_id] = ok
         self.pending_reads = [(read, left) for read, left in self.pending_reads if left]
         if reads or up is not None:
-            self.coord.update_connector_output(
-                ChunkCacheWorkerMetadata(reads=reads, remote_up={} if up is None else {0: up})
-            )
+            self.coord.update_connector_output(remote_report(reads=reads, up={} if up is None else {0: up}))
 
     @staticmethod
     def _prefill_tokens(prefill: ChunkPrefill) -> list[tuple[bytes, int]]:
@@ -694,7 +698,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             self._move(meta)
             self._save(meta, prefills)
             self._write_remote(meta)
-            self._read_remote(meta, arrives=lambda: True, up=True if self.coord.has_remote else None)
+            self._read_remote(meta, arrives=lambda: True, up=True if remote_tier(self.coord) else None)
             for prefill in prefills:
                 self.coord.request_finished(
                     FakeRequest(prefill.request_id, prefill.token_ids, num_output_tokens=1)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from tests.helpers.tier_steps import take_host_jobs
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, EntryState
 from vllm_ascend_chunk.tiers.host.index import HostIndex
 from vllm_ascend_chunk.tiers.host.scheduler import HostTier
-from vllm_ascend_chunk.tiers.mooncake.scheduler import RemoteReads
+from vllm_ascend_chunk.tiers.mooncake.scheduler import RemoteStoreTier
 
 
 def make(num_pages: int = 8, page_size: int = 4, threshold: float = 1.0) -> ChunkCacheManager:
@@ -118,7 +119,8 @@ def test_discard_of_a_dropped_pending_entry_frees_it_once():
 def test_entry_states_follow_the_documented_transitions():
     """`EntryState`: computed, evicted; dropped while computing, fetching or pinned; discarded."""
     m = make(num_pages=8)
-    remote = RemoteReads(m, enabled=True)
+    remote = RemoteStoreTier(m)
+    m.add_tier(remote)
     fetching = m.acquire([(b"f", 4)], chunk_keys={b"f"}).entries[0]
     remote.reachable = False
     computing, pinned, idle, lost = (m.acquire([(k, 4)], chunk_keys={k}).entries[0] for k in b"cpil")
@@ -168,12 +170,12 @@ def test_evicted_entries_are_copied_to_the_host_tier_and_copied_back_on_a_miss()
     resident(m, b"b")
     m.take_jobs()
     resident(m, b"c")  # a is evicted: copied to host memory
-    jobs = m.take_jobs()
+    jobs = take_host_jobs(m)
     assert jobs.write_from == a_rows and len(jobs.write_to) == 4 and not jobs.read_from
     assert (m.stats.evictions, m.stats.host_bytes_written) == (1, 40)
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # b goes to host, a comes back
     assert got.created == [] and got.entries[0].resident
-    jobs = m.take_jobs()
+    jobs = take_host_jobs(m)
     assert len(jobs.read_from) == 4 and len(jobs.write_from) == 4  # b out, then a in
     assert jobs.read_to == got.entries[0].rows(4)
     assert (m.stats.host_hits, m.stats.host_hit_tokens, m.stats.misses) == (1, 4, 3)
@@ -189,7 +191,7 @@ def test_a_host_copy_read_in_the_step_being_built_is_not_replaced_before_it_is_s
     m.release(got.entries)
     m.take_jobs()  # the step is sent: a's copy may be replaced now
     resident(m, b"c")  # a leaves the pool: its copy is still in host memory, nothing to copy
-    assert not m.take_jobs().write_from
+    assert not take_host_jobs(m).write_from
     resident(m, b"d")  # c leaves the pool and replaces a's copy
     assert host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
 
@@ -203,7 +205,7 @@ def test_one_step_never_writes_the_same_host_rows_twice():
     m.take_jobs()
     resident(m, b"c")  # a → host
     resident(m, b"d")  # b cannot go to host: its only page is a's, written in this step
-    jobs = m.take_jobs()
+    jobs = take_host_jobs(m)
     assert len(jobs.write_to) == len(set(jobs.write_to)) == 4
     assert host.entries.keys() == {b"a"}
     resident(m, b"e")  # the step was sent: c replaces a's copy now
@@ -220,7 +222,7 @@ def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
     m.clear()  # a reset in the same step: a stays pinned, its host copy is still to be read
     resident(m, b"x")
     resident(m, b"y")  # x leaves the pool: a's host page is not free before the step is sent
-    jobs = m.take_jobs()
+    jobs = take_host_jobs(m)
     assert not set(jobs.write_to) & set(jobs.read_from) and len(jobs.read_from) == 4
     m.release(got.entries)  # a, dropped, frees its pool page
     resident(m, b"z")
@@ -230,7 +232,7 @@ def test_a_reset_does_not_hand_out_host_rows_the_step_still_reads():
 
 def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read_ends():
     m = make()
-    RemoteReads(m, enabled=True)
+    m.add_tier(RemoteStoreTier(m))
     got = m.acquire([(b"s", 2), (b"a", 4)], chunk_keys={b"a"})
     assert got.created == [] and got.fetches == got.entries and all(e.fetching for e in got.entries)
     joined = m.acquire([(b"a", 4)], chunk_keys={b"a"})
@@ -245,7 +247,7 @@ def test_a_missing_entry_is_read_from_the_remote_store_and_counted_when_the_read
 
 def test_a_failed_read_nobody_holds_any_more_frees_its_pages():
     m = make()
-    RemoteReads(m, enabled=True)
+    m.add_tier(RemoteStoreTier(m))
     got = m.acquire([(b"a", 4)], chunk_keys={b"a"})
     m.release(got.entries)
     m.fetched(got.entries[0], False)

@@ -22,6 +22,7 @@ from vllm_ascend_chunk.ops.base import KVLoader, KVReader, Staging
 from vllm_ascend_chunk.ops.cpu import cpu_reader, cpu_writer
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, rerotate_keys
+from vllm_ascend_chunk.tiers.host.scheduler import HostJobs
 from vllm_ascend_chunk.tiers.host.worker import HostCopies
 
 LAYERS, HEADS, HEAD, BLOCK, BLOCKS = 2, 2, 32, 16, 6
@@ -180,12 +181,8 @@ def test_a_step_copies_into_the_host_tier_before_it_copies_out_of_it() -> None:
     old, kept = random_rows(pool, 2, seed=10), random_rows(pool, 2, seed=11)
     pool.write_rows([5, 6], old)
     host.kv[:, :, [30, 31]] = kept
-    host.start(
-        ChunkCacheStepMetadata(
-            host_write_from=[5, 6], host_write_to=[0, 1], host_read_from=[30, 31], host_read_to=[5, 6]
-        ),
-        pool,
-    )
+    jobs = HostJobs(write_from=[5, 6], write_to=[0, 1], read_from=[30, 31], read_to=[5, 6])
+    host.start(ChunkCacheStepMetadata(tier_jobs={host.name: jobs}), pool)
     assert torch.equal(host.kv[:, :, [0, 1]], old) and torch.equal(pool.read_rows([5, 6]), kept)
 
 

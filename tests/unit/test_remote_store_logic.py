@@ -21,13 +21,13 @@ import torch
 
 from harness.mooncake_store import wait_for
 from tests.store.test_kv_object import header as kv_header
-from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool, reported_reads
+from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool, reported_reads, step
 from vllm_ascend_chunk.config.settings import RemoteConfig
-from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, RemoteRead, RemoteWrite
+from vllm_ascend_chunk.tiers.mooncake.jobs import RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode, object_size
 from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS, PROBE_NAME
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
-from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier
+from vllm_ascend_chunk.tiers.mooncake.worker import RemoteStoreWorker
 
 NONCE = 8
 """Bytes of the write nonce at the start of every part of a multi-part object."""
@@ -463,9 +463,9 @@ def test_tensor_parallel_shards_round_trip_between_engines(
     """Two ranks write their shards of an entry; the ranks of another engine read each its own
     shard into other rows; an engine of another TP size or model misses."""
 
-    def ranks(size: int, **changes) -> list[RemoteTier]:
+    def ranks(size: int, **changes) -> list[RemoteStoreWorker]:
         return [
-            RemoteTier(
+            RemoteStoreWorker(
                 make_store(), GEOMETRY, dataclasses.replace(IDENTITY, tp_rank=r, tp_size=size, **changes)
             )
             for r in range(size)
@@ -475,23 +475,15 @@ def test_tensor_parallel_shards_round_trip_between_engines(
     shards = [make_pool() for _ in writers]
     for seed, (tier, pool) in enumerate(zip(writers, shards, strict=True)):
         fill(pool, seed)
-        tier.save(ChunkCacheStepMetadata(remote_writes=[RemoteWrite(key=b"doc", rows=[0, 1, 2, 3, 4])]), pool)
+        tier.save(step(writes=[RemoteWrite(key=b"doc", rows=[0, 1, 2, 3, 4])]), pool)
     for tier in writers:
         wait_for(lambda t=tier: t.store.stats().puts == 1, 10, "shard written")
     for tier, shard in zip(readers, shards, strict=True):
         pool = make_pool()
-        tier.start(
-            ChunkCacheStepMetadata(
-                remote_reads=[RemoteRead(read_id=1, key=b"doc", rows=[11, 12, 13, 14, 15])]
-            ),
-            pool,
-        )
+        tier.start(step(reads=[RemoteRead(read_id=1, key=b"doc", rows=[11, 12, 13, 14, 15])]), pool)
         assert reported_reads(tier, pool) == {1: True}
         assert torch.equal(pool.kv[:, :, 11:16], shard.kv[:, :, 0:5])
     for tier in [*ranks(1), ranks(2, model="other")[0]]:
         pool = make_pool()
-        tier.start(
-            ChunkCacheStepMetadata(remote_reads=[RemoteRead(read_id=2, key=b"doc", rows=[0, 1, 2, 3, 4])]),
-            pool,
-        )
+        tier.start(step(reads=[RemoteRead(read_id=2, key=b"doc", rows=[0, 1, 2, 3, 4])]), pool)
         assert reported_reads(tier, pool) == {2: False}

@@ -8,7 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.memory_tier import MemoryTier
+from tests.helpers.tier_steps import take_host_jobs
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry, EntryState
+from vllm_ascend_chunk.tiers.base import Kept
 from vllm_ascend_chunk.tiers.host.scheduler import HostTier
 
 PAGE = 4
@@ -22,7 +24,7 @@ def tiered(
     """A pool over a host tier (if `host_pages`) and then a memory tier."""
     m = ChunkCacheManager(num_pages, PAGE, lru_threshold)
     host = HostTier(host_pages, PAGE, m.stats) if host_pages else None
-    memory = MemoryTier()
+    memory = MemoryTier(m)
     for tier in (host, memory):
         if tier is not None:
             m.add_tier(tier)
@@ -59,7 +61,7 @@ def test_a_key_is_filled_by_the_first_tier_that_has_it_and_evictions_reach_every
 
 def test_a_failed_fill_is_computed_while_held_and_counted_a_miss():
     m, _, memory = tiered(num_pages=4, host_pages=0)
-    memory.prepare_store(Entry(key=b"b", num_tokens=6, pages=[]))
+    memory.prepare_store(Entry(key=b"b", num_tokens=6, pages=[0, 1]), Kept.EVICTED)
     got = m.acquire([(b"b", 6)], chunk_keys={b"b"})
     assert got.created == [] and memory.filling == got.entries
     misses = m.stats.misses
@@ -104,7 +106,7 @@ class TieredRun:
         self.requests.append(got.entries)
         self.computing += got.created
         self.live.update({id(e): e for e in got.entries})
-        jobs = self.m.take_jobs()  # the step is sent
+        jobs = take_host_jobs(self.m)  # the step is sent
         assert len(jobs.read_from) == len(jobs.read_to) and len(jobs.write_from) == len(jobs.write_to)
 
     def request_ends(self, data) -> None:

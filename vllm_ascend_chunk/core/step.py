@@ -2,36 +2,22 @@
 workers tell the scheduler back (the KV-connector worker metadata).
 
 Decisions travel as data: the worker executes these operations and never reads scheduler state.
-Order on the worker: copies into the host tier, copies out of it, remote reads started, loads;
-the forward; saves, remote writes; the remote reads that ended by then reported
-(`tiers.worker_base`; a read may take several steps).
+Order on the worker: each tier's jobs started (in the tiers' order), loads; the forward; saves,
+then each tier's saves; each tier's report of what ended by then (`tiers.worker_base`; a tier's
+fill may take several steps). The tiers' jobs and reports are theirs to define: here they are
+values under the tier's name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
-
-
-@dataclass
-class RemoteRead:
-    """Read the entry `key` from the remote store into pool `rows` (one per token)."""
-
-    read_id: int
-    key: bytes
-    rows: list[int]
-
-
-@dataclass
-class RemoteWrite:
-    """Write the entry `key`, held in pool `rows`, to the remote store."""
-
-    key: bytes
-    rows: list[int]
 
 
 @dataclass
@@ -60,18 +46,8 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
     computed in this step ..."""
     save_slots: list[int] = field(default_factory=list)
     """... read from the paged-cache slot the forward wrote each token into."""
-    host_write_from: list[int] = field(default_factory=list)
-    """Pool rows copied into the host tier at the start of the step (entries evicted) ..."""
-    host_write_to: list[int] = field(default_factory=list)
-    """... at these host rows."""
-    host_read_from: list[int] = field(default_factory=list)
-    """Host rows copied into the pool next (entries found in the host tier) ..."""
-    host_read_to: list[int] = field(default_factory=list)
-    """... at these pool rows."""
-    remote_reads: list[RemoteRead] = field(default_factory=list)
-    """Entries to read from the remote store; each is reported in `ChunkCacheWorkerMetadata`."""
-    remote_writes: list[RemoteWrite] = field(default_factory=list)
-    """Entries completed by this step's saves, written to the remote store after them."""
+    tier_jobs: dict[str, Any] = field(default_factory=dict)
+    """Tier name (`tiers.base.Tier.name`) → what its workers do this step (`Tier.take_jobs`)."""
     position_shifts: dict[str, int] = field(default_factory=dict)
     """Chunk-path requests scheduled this step: request id → amount subtracted from the RoPE
     position of every token they compute (overlap layout: `sum(len(C_i)) - max(len(C_i))`)."""
@@ -86,29 +62,13 @@ class ChunkCacheStepMetadata(KVConnectorMetadata):
 class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
     """A step's report from the workers; reports of several workers are merged (`aggregate`)."""
 
-    reads: dict[int, dict[int, bool]] = field(default_factory=dict)
-    """Worker rank (`ShardIdentity.rank`) → the reads it ended since its last report:
-    `RemoteRead.read_id` → whether its shard of the entry is now in the pool rows. Ranks end a
-    read in different steps; the scheduler counts it read once every rank has (`RemoteReads`)."""
-    remote_up: dict[int, bool] = field(default_factory=dict)
-    """Worker rank (`ShardIdentity.rank`) → whether its remote store is reachable (no entry: the
-    rank has no remote tier, or nothing new to report; the scheduler keeps each rank's last one)."""
-    remote_counters: dict[int, dict[str, int]] = field(default_factory=dict)
-    """Worker rank → its remote store's running counters (`RemoteStore.stats`)."""
+    tiers: dict[str, dict[int, Any]] = field(default_factory=dict)
+    """Tier name → worker rank → that rank's report of the tier (`WorkerTier.finish`; only
+    ranks with news). Ranks may end one fill in different steps: the tier votes
+    (`Tier.reported`)."""
     scores: dict[str, list[float] | None] = field(default_factory=dict)
     """`ScoreSpec` request id → per region token, the attention weight the piece's queries gave it,
     summed over this worker's heads (None: not scored); workers' sums add up."""
-
-    @staticmethod
-    def union(parts: list[ChunkCacheWorkerMetadata]) -> ChunkCacheWorkerMetadata:
-        """One worker's report from its parts (its tiers', its scores), which never name the same
-        read, rank or request."""
-        return ChunkCacheWorkerMetadata(
-            reads={k: v for p in parts for k, v in p.reads.items()},
-            remote_up={k: v for p in parts for k, v in p.remote_up.items()},
-            remote_counters={k: v for p in parts for k, v in p.remote_counters.items()},
-            scores={k: v for p in parts for k, v in p.scores.items()},
-        )
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> ChunkCacheWorkerMetadata:
         assert isinstance(other, ChunkCacheWorkerMetadata)
@@ -119,9 +79,13 @@ class ChunkCacheWorkerMetadata(KVConnectorWorkerMetadata):
                 scores[rid] = None
             else:
                 scores[rid] = [a + b for a, b in zip(ours, theirs, strict=True)] if ours else theirs
-        return ChunkCacheWorkerMetadata(
-            reads={**self.reads, **other.reads},
-            remote_up={**self.remote_up, **other.remote_up},
-            remote_counters={**self.remote_counters, **other.remote_counters},
-            scores=scores,
-        )
+        return ChunkCacheWorkerMetadata(tiers=_merge_tiers([self.tiers, other.tiers]), scores=scores)
+
+
+def _merge_tiers(parts: Iterable[dict[str, dict[int, Any]]]) -> dict[str, dict[int, Any]]:
+    """The tiers' reports of several workers (each rank reports for itself)."""
+    merged: dict[str, dict[int, Any]] = {}
+    for part in parts:
+        for name, by_rank in part.items():
+            merged.setdefault(name, {}).update(by_rank)
+    return merged

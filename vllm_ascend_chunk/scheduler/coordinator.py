@@ -31,13 +31,12 @@ A prefill's tokens are copied from its paged-cache slots into its pending entrie
 that computes them (`ChunkPrefills.saves`); when the prefill has sampled its token (its whole
 prompt was computed and saved), `request_finished` marks them resident.
 
-Tiers (`tiers.base`): the manager offers missing keys to the host tier (`HostTier`: copies
-sent with the step) and then to the remote store (`RemoteReads`). The tiers' jobs are sent with
-the step, the workers' report goes back to the tiers, and an entry a tier failed to fill while a
-request holds it is computed by a chunk prefill (`ChunkCacheManager.take_refills`). This class
-names the two tiers where it builds them and where it plans the remote writes (`has_remote`):
-every entry a chunk prefill computed is written to the remote store after the step that saved
-its last tokens (`ChunkPrefills.saves`), outside the `Tier` interface.
+Tiers (`tiers.base`), built from the engine's settings by `tiers.registry.build_tiers`: the
+manager offers missing keys to them in order; the entries a step's chunk prefills complete
+(`ChunkPrefills.saves`) are offered to them to keep (`ChunkCacheManager.computed`), as evicted
+entries are. The tiers' jobs are sent with the step, the workers' reports go back to the tiers,
+and an entry a tier failed to fill while a request holds it is computed by a chunk prefill
+(`ChunkCacheManager.take_refills`). This class names no tier.
 
 Collaborators, one job each: `ChunkPrefills` (the hidden requests), `ChunkCacheManager` (the
 pool and the tiers below it), `RecomputePlanner` (`qattn`/`cover` passes), `StepBuilder` (the
@@ -60,8 +59,7 @@ from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, ChunkPrefills
 from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner
 from vllm_ascend_chunk.scheduler.requests import UserRequest, UserStatus
 from vllm_ascend_chunk.scheduler.step_builder import StepBuilder
-from vllm_ascend_chunk.tiers.host.scheduler import HostTier
-from vllm_ascend_chunk.tiers.mooncake.scheduler import RemoteReads
+from vllm_ascend_chunk.tiers.registry import build_tiers
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -75,12 +73,11 @@ class ChunkCacheCoordinator:
         geometry: PoolGeometry,
         block_size: int,
         priority_order: bool = False,
-        has_remote: bool = False,
         settings: ChunkCacheConfig | None = None,
         ranks: int = 1,
     ) -> None:
         """`settings`: the engine's (`config.engine.engine_settings`); the process's by default.
-        `ranks`: the engine's worker ranks (each reads its shard of a remote entry)."""
+        `ranks`: the engine's worker ranks (each keeps its shard of an entry in a tier)."""
         config = settings or get_config()
         self.geometry = geometry
         self.layout = LAYOUTS[config.layout]
@@ -88,23 +85,13 @@ class ChunkCacheCoordinator:
         self.priority_order = priority_order
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
         self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
-        if geometry.num_host_pages:
-            host = HostTier(
-                geometry.num_host_pages, geometry.page_size, self.manager.stats, geometry.bytes_per_token
-            )
-            self.manager.add_tier(host)
-        self.remote = RemoteReads(self.manager, has_remote, ranks)
+        build_tiers(config, geometry, self.manager, ranks)
         self.users: dict[str, UserRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)
         self.recompute = RecomputePlanner(self.users, self.layout, block_size, self.manager.stats)
         self._blocked: str | None = None
         """The request the pool could not take at the last `plan`, if any."""
         self._step = StepBuilder()
-
-    @property
-    def has_remote(self) -> bool:
-        """A remote store is configured: computed entries are written to it, missing ones read."""
-        return self.remote.enabled
 
     @property
     def prefills(self) -> dict[str, ChunkPrefill]:
@@ -243,8 +230,10 @@ class ChunkCacheCoordinator:
             for rid in scheduled
             if (user := self.users.get(rid)) is not None
         }
+        saves = self.chunk_prefills.saves(pieces, scheduled)
+        self.manager.computed(saves.completed)
         meta = self._step.build(
-            self.chunk_prefills.saves(pieces, scheduled, self.has_remote),
+            saves,
             self.manager.take_jobs(),
             {**shifts, **self.recompute.take_shifts()},
             self.recompute.take_score_specs(scheduled),
@@ -257,8 +246,7 @@ class ChunkCacheCoordinator:
         return meta
 
     def update_connector_output(self, report: ChunkCacheWorkerMetadata | None) -> None:
-        """The workers' report of a step: for the tiers (fills ended; the remote store's state
-        and counters), and scores."""
+        """The workers' report of a step: for the tiers (fills ended, their state), and scores."""
         if report is None:
             return
         self.manager.reported(report)

@@ -14,10 +14,10 @@ each of `tiers` in order: the host-memory tier fills the new entry with the step
 (resident at once), the remote store by a read that its workers start with the next step and end
 in whichever later step it arrives, or as a miss after `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` (the
 entry is FETCHING until every rank has reported the read: `fetched`); otherwise it is computed.
-An entry evicted from the pool is offered to every tier first. The host tier's copies are
-`TierJobs` that the worker runs at the start of the next step, host writes before host reads,
-before anything else touches the pool; so a page freed here and reused at once is only
-overwritten after its old content has been copied out.
+An entry a chunk prefill completed (`computed`) and one evicted from the pool are offered to every
+tier (`Tier.prepare_store`). The host tier's copies are jobs that the worker runs at the start of
+the next step, host writes before host reads, before anything else touches the pool; so a page
+freed here and reused at once is only overwritten after its old content has been copied out.
 
 A cache reset (`clear`) drops every entry from the index at once; an entry that is still pinned
 or still being computed or read keeps its pages until that ends (a DROPPED_ state), so no page is
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.core.paging import PagedEntry, PageIndex, pages_for
 from vllm_ascend_chunk.core.stats import ChunkCacheStats
-from vllm_ascend_chunk.tiers.base import Fill, Tier, TierJobs
+from vllm_ascend_chunk.tiers.base import Fill, Kept, Tier
 
 if TYPE_CHECKING:
     from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
@@ -219,18 +219,26 @@ class ChunkCacheManager(PageIndex[Entry]):
         refills, self.refills = self.refills, []
         return refills
 
-    def take_jobs(self) -> TierJobs:
-        """What the tiers ask of the workers since the last call, for the step being built; the
-        copies they read or write may be replaced from now on."""
-        jobs = TierJobs()
-        for tier in self.tiers:
-            tier.take_jobs(jobs)
-        return jobs
+    def tier(self, name: str) -> Tier | None:
+        """The tier called `name` (`Tier.name`), if the engine has it."""
+        return next((t for t in self.tiers if t.name == name), None)
+
+    def computed(self, entries: Iterable[Entry]) -> None:
+        """The step being built saves the last tokens of `entries`: offered to every tier."""
+        for entry in entries:
+            for tier in self.tiers:
+                tier.prepare_store(entry, Kept.COMPUTED)
+
+    def take_jobs(self) -> dict[str, object]:
+        """What the tiers ask of the workers since the last call, for the step being built, by
+        tier name; the copies they read or write may be replaced from now on."""
+        return {tier.name: jobs for tier in self.tiers if (jobs := tier.take_jobs()) is not None}
 
     def reported(self, report: ChunkCacheWorkerMetadata) -> None:
-        """The workers' report of a step, for every tier (the fills it ends: `fetched`)."""
+        """The workers' report of a step, to each tier it has news of (the fills it ends: `fetched`)."""
         for tier in self.tiers:
-            tier.reported(report)
+            if reports := report.tiers.get(tier.name):
+                tier.reported(reports)
 
     def release(self, entries: Iterable[Entry]) -> None:
         for entry in {id(e): e for e in entries}.values():
@@ -322,6 +330,6 @@ class ChunkCacheManager(PageIndex[Entry]):
 
     def _evict(self, entry: Entry) -> None:
         for tier in self.tiers:
-            tier.prepare_store(entry)
+            tier.prepare_store(entry, Kept.EVICTED)
         self._free(entry)
         self.stats.evictions += 1

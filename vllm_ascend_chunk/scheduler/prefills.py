@@ -1,7 +1,7 @@
 """Chunk prefills: the hidden requests that compute missing documents (`SYS + C_i`) into pending
 pool entries. Created when a request is planned; each step, the tokens they computed become saves
-(paged-cache slot → pool row) and, once an entry is whole, a remote write; their outputs never
-reach a client."""
+(paged-cache slot → pool row), and the entries they complete are offered to the tiers; their
+outputs never reach a client."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.core.paging import slot_of
-from vllm_ascend_chunk.core.step import RemoteWrite
 from vllm_ascend_chunk.scheduler.manager import Entry
 from vllm_ascend_chunk.scheduler.requests import UserRequest
 
@@ -44,12 +43,13 @@ class ChunkPrefill:
 
 @dataclass
 class Saves:
-    """What a step's chunk-prefill tokens become: pool rows filled from paged-cache slots, and
-    the remote writes of the entries whose last tokens these are."""
+    """What a step's chunk-prefill tokens become: pool rows filled from paged-cache slots; and
+    the entries whose last tokens these are."""
 
     rows: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    writes: list[RemoteWrite] = field(default_factory=list)
+    completed: list[Entry] = field(default_factory=list)
+    """Entries whose K/V the pool holds whole after the step's saves (`Kept.COMPUTED`)."""
 
 
 class ChunkPrefills:
@@ -119,9 +119,8 @@ class ChunkPrefills:
             pieces[rid] = computed
         return pieces
 
-    def saves(self, pieces: dict[str, int], num_scheduled_tokens: dict[str, int], remote: bool) -> Saves:
-        """The saves of the `pieces` (`track_blocks`) and, with a remote store, the writes of the
-        entries they complete."""
+    def saves(self, pieces: dict[str, int], num_scheduled_tokens: dict[str, int]) -> Saves:
+        """The saves of the `pieces` (`track_blocks`), and the entries they complete."""
         saves = Saves()
         for rid, first in pieces.items():
             prefill = self.by_id[rid]
@@ -130,9 +129,8 @@ class ChunkPrefills:
                 if prefill.pool_rows[t] >= 0:
                     saves.rows.append(prefill.pool_rows[t])
                     saves.slots.append(slot_of(prefill.block_ids, self.block_size, t))
-            if remote and end == len(prefill.token_ids):
-                # An entry dropped by a reset may hold K/V of replaced weights: not shared.
-                saves.writes += [RemoteWrite(e.key, self.rows(e)) for e in prefill.entries if not e.dropped]
+            if end == len(prefill.token_ids):
+                saves.completed += prefill.entries
         return saves
 
     def finish(self, request_id: str) -> ChunkPrefill | None:

@@ -1,14 +1,13 @@
 """The step being built: what the scheduler's hooks decided during one `schedule()` (loads of
 admitted requests), completed into the step's
-`ChunkCacheStepMetadata` with the saves, tier jobs (host copies, remote reads) and scores of that
-step. The only writer of step metadata."""
+`ChunkCacheStepMetadata` with the saves, tiers' jobs and scores of that step. The only writer of
+step metadata."""
 
 from __future__ import annotations
 
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ScoreSpec
 from vllm_ascend_chunk.scheduler.prefills import Saves
 from vllm_ascend_chunk.scheduler.requests import UserRequest
-from vllm_ascend_chunk.tiers.base import TierJobs
 
 
 class StepBuilder:
@@ -28,19 +27,17 @@ class StepBuilder:
     def build(
         self,
         saves: Saves,
-        jobs: TierJobs,
+        jobs: dict[str, object],
         shifts: dict[str, int],
         scores: dict[str, ScoreSpec],
         idle: bool = False,
     ) -> ChunkCacheStepMetadata:
-        """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`,
-        the position `shifts` of its scheduled chunk-path requests and shadow runs, the `scores`
-        to take, and whether the step computes nothing (`idle`)."""
+        """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`
+        (by tier name), the position `shifts` of its scheduled chunk-path requests and shadow
+        runs, the `scores` to take, and whether the step computes nothing (`idle`)."""
         meta = self.meta
-        meta.save_rows, meta.save_slots, meta.remote_writes = saves.rows, saves.slots, saves.writes
-        meta.host_write_from, meta.host_write_to = jobs.write_from, jobs.write_to
-        meta.host_read_from, meta.host_read_to = jobs.read_from, jobs.read_to
-        meta.remote_reads = jobs.remote_reads
+        meta.save_rows, meta.save_slots = saves.rows, saves.slots
+        meta.tier_jobs = jobs
         meta.position_shifts = shifts
         meta.scores = scores
         meta.idle = idle

@@ -6,33 +6,35 @@ host tier's row copies; the entry is resident at once) or by the workers from th
 carries the read on (`Fill.LATER`: the remote store's read, which ends in whichever step its
 object arrives, or as a miss `VLLM_CHUNK_CACHE_REMOTE_TIMEOUT_S` after it, without holding any
 step; the entry is FETCHING until every rank's report reaches `ChunkCacheManager.fetched`). An
-entry evicted from the pool is offered to every tier (`prepare_store`). What the workers must do
-for a tier travels with the next step (`take_jobs`), and their report of the step comes back to
-every tier (`reported`).
+entry computed by a chunk prefill, and one evicted from the pool, is offered to every tier
+(`prepare_store`). What the workers must do for a tier travels with the next step (`take_jobs`),
+and their reports come back to it (`reported`).
 
-A new backend is one class with these methods, which the manager never names; its workers' side
-is one class behind `tiers.worker_base.WorkerTier`. Besides those: the coordinator builds the
-scheduler-side tiers and `ChunkCacheWorker` the workers' (an edit to each, with a setting in
-`config/settings.py`); jobs other than host copies and remote reads need fields in `TierJobs`,
-`core.step.ChunkCacheStepMetadata` (filled by `scheduler.step_builder`) and, for a report of
-another kind, `core.step.ChunkCacheWorkerMetadata`; counters of its own go in `core/stats.py`. The
-remote store's writes are planned by the chunk prefills (`ChunkPrefills.saves`), not through this
-interface. `tests/helpers/memory_tier.py` needs none of these only because it is a scheduler-side
-tier without K/V or workers, added to a manager by its tests (the manager's and the coordinator's
-random operation tests).
+A backend is one folder: its scheduler-side class behind `Tier`, its workers' class behind
+`tiers.worker_base.WorkerTier`, and a `tiers.registry.Backend` that builds both from the engine's
+settings; one line in `tiers.registry.BACKENDS` registers it. The manager, the coordinator, the
+worker, the step contract and the metrics name no backend: jobs and reports are the tier's own
+values under its `name` (`core.step`), its gauges are declared by its `Backend`. A tier's
+counters are fields of `core.stats.ChunkCacheStats` (the public metric names), which it updates.
+`tests/helpers/memory_tier/` is a third backend, registered by the tests that use it.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_ascend_chunk.core.paging import PagedEntry
 
 if TYPE_CHECKING:
+    import torch
+
+    from vllm_ascend_chunk.config.settings import ChunkCacheConfig
+    from vllm_ascend_chunk.core.geometry import PoolGeometry
     from vllm_ascend_chunk.core.stats import ChunkCacheStats
-    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata, RemoteRead
+    from vllm_ascend_chunk.tiers.worker_base import WorkerTier
 
 
 class Fill(enum.Enum):
@@ -48,24 +50,19 @@ class Fill(enum.Enum):
     (`ChunkCacheManager.fetched`); the requests that need the entry wait, no one else does."""
 
 
-@dataclass
-class TierJobs:
-    """What the tiers ask of the next step's workers: row copies between the device pool and host
-    memory (every write before every read), then reads from the remote store."""
+class Kept(enum.Enum):
+    """Why a tier is offered an entry to keep (`Tier.prepare_store`)."""
 
-    write_from: list[int] = field(default_factory=list)
-    """Device-pool rows copied into host memory ..."""
-    write_to: list[int] = field(default_factory=list)
-    """... at these host rows (entries evicted from the pool)."""
-    read_from: list[int] = field(default_factory=list)
-    """Host rows copied into the device pool ..."""
-    read_to: list[int] = field(default_factory=list)
-    """... at these pool rows (entries found in the host tier)."""
-    remote_reads: list[RemoteRead] = field(default_factory=list)
-    """Entries the remote store fills (`Fill.LATER`), read into their pool rows."""
+    COMPUTED = "computed"
+    """A chunk prefill completed it this step: its rows hold its K/V after the step's saves."""
+    EVICTED = "evicted"
+    """It leaves the pool: its rows still hold its K/V this step."""
 
 
 class Tier(Protocol):
+    name: str
+    """The key of its jobs in the step and of its workers' reports (`core.step`)."""
+
     def hold(self, key: bytes) -> None:
         """`key` is about to be offered: keep its copy while the pool makes room (an eviction
         into this tier must not replace it)."""
@@ -77,16 +74,17 @@ class Tier(Protocol):
         """A fill of `entry` by this tier ended (`NOW`: at once, ok), to be counted as a hit of
         `tokens` chunk tokens (0: not counted)."""
 
-    def prepare_store(self, entry: PagedEntry) -> None:
-        """`entry` leaves the pool (evicted, its rows still hold its K/V this step): keep a copy
-        if this tier keeps evicted entries."""
+    def prepare_store(self, entry: PagedEntry, why: Kept) -> None:
+        """`entry`'s K/V is in its rows this step (`why`): plan keeping a copy, if this tier keeps
+        such entries (the host tier: evicted ones; the remote store: computed ones)."""
 
-    def take_jobs(self, jobs: TierJobs) -> None:
-        """The step being built is sent: add what its workers must do for this tier to `jobs`;
+    def take_jobs(self) -> Any:
+        """The step being built is sent: what its workers must do for this tier (None: nothing);
         from now on the copies it reads or writes may be replaced."""
 
-    def reported(self, report: ChunkCacheWorkerMetadata) -> None:
-        """The workers' report of a step: end the fills it reports (`ChunkCacheManager.fetched`)."""
+    def reported(self, reports: dict[int, Any]) -> None:
+        """Its workers' reports of a step, by rank (`WorkerTier.finish`): end the fills they
+        report (`ChunkCacheManager.fetched`)."""
 
     def clear(self) -> None:
         """Drop every copy (a cache reset)."""
@@ -107,3 +105,18 @@ class TierOwner(Protocol):
 
     def fetched(self, entry: PagedEntry, ok: bool) -> None:
         """A `Fill.LATER` fill of `entry` ended: resident if `ok`, else to be computed."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One tier backend: what builds its two sides (`tiers.registry.BACKENDS` lists them)."""
+
+    name: str
+    scheduler: Callable[[ChunkCacheConfig, PoolGeometry, TierOwner, int], Tier | None]
+    """(settings, geometry, the pool index, the engine's worker ranks) → its scheduler side, or
+    None when the settings do not ask for it."""
+    worker: Callable[[ChunkCacheConfig, Any, PoolGeometry, torch.device], WorkerTier | None]
+    """(settings, vLLM config, the stage's geometry, the pool's device) → its workers' side, or
+    None when the settings do not ask for it."""
+    gauges: dict[str, str] = field(default_factory=dict)
+    """Its gauges (`Tier.gauges`) → Prometheus help text; an engine without it reports 0."""

@@ -68,7 +68,6 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 pool_geometry(vllm_config),
                 block_size,
                 priority_order=priority,
-                has_remote=settings.remote_config is not None,
                 settings=settings,
                 ranks=vllm_config.parallel_config.tensor_parallel_size
                 * vllm_config.parallel_config.pipeline_parallel_size,

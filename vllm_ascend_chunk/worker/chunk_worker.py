@@ -2,14 +2,14 @@
 
 Per step: `shift_positions` (from the model runner, once the slot mapping is computed from the
 logical positions) lowers the RoPE positions of chunk-path requests in the overlap layout;
-`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`tiers.worker_base`:
-host copies, remote reads) and copies pool rows into slots; `save` (connector `wait_for_save`,
-after the forward) copies the slots that chunk prefills wrote into pool rows and hands the tiers
-what to keep (remote writes); `report` (connector `build_connector_worker_meta`, the step's end,
-with or without a forward) collects the tiers' jobs that ended (remote reads may take several
-steps) and returns their reports and the `qattn` scores. Nothing but the scorer
-(`worker/scoring.py`, one layer, only in steps with question pieces to score) runs inside the
-attention op, so a forward replayed from a graph is handled the same.
+`load` (connector `start_load_kv`, before the forward) starts the tiers' jobs (`tiers.worker_base`;
+the tiers are built from the engine's settings by `tiers.registry.build_worker_tiers`) and copies
+pool rows into slots; `save` (connector `wait_for_save`, after the forward) copies the slots that
+chunk prefills wrote into pool rows and hands the tiers what to keep; `report` (connector
+`build_connector_worker_meta`, the step's end, with or without a forward) collects the tiers'
+reports (a tier's fill may take several steps) under this worker's rank, and the `qattn` scores.
+Nothing but the scorer (`worker/scoring.py`, one layer, only in steps with question pieces to
+score) runs inside the attention op, so a forward replayed from a graph is handled the same.
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorker
 from vllm_ascend_chunk.ops.base import Staging
 from vllm_ascend_chunk.ops.dispatch import make_kv_loader, make_kv_reader
 from vllm_ascend_chunk.ops.rotary import RotarySpec, Rotation, UnsupportedRopeError, rotary_spec_from_vllm
-from vllm_ascend_chunk.tiers.host.worker import HostCopies
+from vllm_ascend_chunk.tiers.registry import build_worker_tiers
 from vllm_ascend_chunk.worker.scoring import QuestionScorer, score_layer_index
 
 if TYPE_CHECKING:
-    from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier
     from vllm_ascend_chunk.tiers.worker_base import WorkerTier
 
 logger = logging.getLogger("vllm.chunk_cache")
@@ -55,7 +54,9 @@ class ChunkCacheWorker:
         """The model's RoPE, in the sequential layout (None: overlap, or a model without RoPE)."""
         self._model_bound = False
         self.tiers: list[WorkerTier] = []
-        """The tiers below the pool, in the order their jobs run (host copies, remote store)."""
+        """The tiers below the pool, in the order their jobs run (`tiers.registry.BACKENDS`)."""
+        self.rank = 0
+        """This worker's rank in its engine (pipeline stage major, as vLLM orders them)."""
         self._kv_caches: dict[str, torch.Tensor] = {}
         self.scorer: QuestionScorer | None = None
         """Scores `qattn` question pieces, if this worker holds the scoring layer."""
@@ -73,10 +74,9 @@ class ChunkCacheWorker:
         first = next(iter(kv_caches.values()))
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
         self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
-        if self.geometry.num_host_pages:
-            self.tiers.append(HostCopies(self.geometry, device))
-        if engine_settings(self.vllm_config).remote_config is not None:
-            self.tiers.append(_connect_remote_tier(self.vllm_config, self.geometry))
+        self.rank = _worker_rank()
+        settings = engine_settings(self.vllm_config)
+        self.tiers = build_worker_tiers(settings, self.vllm_config, self.geometry, device)
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
@@ -178,34 +178,30 @@ class ChunkCacheWorker:
         """The step's end: the tiers' jobs that ended, and what the scheduler must know."""
         scores = self.scorer.take() if self.scorer is not None else dict.fromkeys(self._unscored)
         self._unscored = []
-        parts = [part for tier in self.tiers if (part := tier.finish(meta, self.pool)) is not None]
-        if scores:
-            parts.append(ChunkCacheWorkerMetadata(scores=scores))
-        return ChunkCacheWorkerMetadata.union(parts) if parts else None
+        tiers = {
+            tier.name: {self.rank: report}
+            for tier in self.tiers
+            if (report := tier.finish(meta, self.pool)) is not None
+        }
+        if not tiers and not scores:
+            return None
+        return ChunkCacheWorkerMetadata(tiers=tiers, scores=scores)
 
     def shutdown(self) -> None:
         for tier in self.tiers:
             tier.close()
 
 
-def _connect_remote_tier(vllm_config, geometry: PoolGeometry) -> RemoteTier:
-    """This worker's client of the remote store (it connects in the background)."""
-    from vllm.distributed import get_pp_group, get_tp_group
-    from vllm.utils.network_utils import get_ip
+def worker_rank(tp_rank: int, tp_size: int, pp_rank: int) -> int:
+    """A worker's rank in its engine, as vLLM numbers them: pipeline stage major."""
+    return pp_rank * tp_size + tp_rank
 
-    from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
-    from vllm_ascend_chunk.tiers.mooncake.worker import RemoteTier, ShardIdentity
 
-    config = engine_settings(vllm_config)
-    remote_config = config.remote_config
-    store = RemoteStore(remote_config, local_hostname=remote_config.local_host or get_ip())
-    identity = ShardIdentity(
-        model=vllm_config.model_config.model,
-        layout=config.layout,
-        tp_rank=get_tp_group().rank_in_group,
-        tp_size=get_tp_group().world_size,
-        pp_rank=get_pp_group().rank_in_group,
-        pp_size=get_pp_group().world_size,
-    )
-    logger.info("Chunk Cache: remote tier %s", remote_config.describe())
-    return RemoteTier(store, geometry, identity)
+def _worker_rank() -> int:
+    """This process's worker rank (0 outside vLLM's process groups, e.g. a unit test)."""
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group, model_parallel_is_initialized
+
+    if not model_parallel_is_initialized():
+        return 0
+    tp = get_tp_group()
+    return worker_rank(tp.rank_in_group, tp.world_size, get_pp_group().rank_in_group)

@@ -1,31 +1,46 @@
 """HostTier: the host-memory tier behind the `tiers.base.Tier` interface.
 
 Entries evicted from the pool are copied into host rows (`HostIndex` says which), and a missing
-key found there is copied back with the step being built (`Fill.NOW`). The copies are `TierJobs`
-the worker runs at the start of the step, host writes before host reads
+key found there is copied back with the step being built (`Fill.NOW`). The copies are
+`HostJobs` the worker runs at the start of the step, host writes before host reads
 (`tiers.host.worker.HostCopies`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from vllm_ascend_chunk.core.paging import PagedEntry
 from vllm_ascend_chunk.core.stats import ChunkCacheStats
-from vllm_ascend_chunk.tiers.base import Fill, TierJobs
+from vllm_ascend_chunk.tiers.base import Fill, Kept
 from vllm_ascend_chunk.tiers.host.index import HostIndex
 
-if TYPE_CHECKING:
-    from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
+NAME = "host"
+
+
+@dataclass
+class HostJobs:
+    """A step's row copies between the device pool and host memory (every write before every read)."""
+
+    write_from: list[int] = field(default_factory=list)
+    """Device-pool rows copied into host memory ..."""
+    write_to: list[int] = field(default_factory=list)
+    """... at these host rows (entries evicted from the pool)."""
+    read_from: list[int] = field(default_factory=list)
+    """Host rows copied into the device pool ..."""
+    read_to: list[int] = field(default_factory=list)
+    """... at these pool rows (entries found in the host tier)."""
 
 
 class HostTier:
+    name = NAME
+
     def __init__(self, num_pages: int, page_size: int, stats: ChunkCacheStats, token_bytes: int = 0) -> None:
         self.index = HostIndex(num_pages, page_size)
         self.stats = stats
         self.token_bytes = token_bytes
         """Bytes of one token's K/V in every layer (for the byte counters)."""
-        self._jobs = TierJobs()
+        self._jobs = HostJobs()
 
     def hold(self, key: bytes) -> None:
         self.index.read(key)
@@ -44,7 +59,9 @@ class HostTier:
             self.stats.host_hits += 1
             self.stats.host_hit_tokens += tokens
 
-    def prepare_store(self, entry: PagedEntry) -> None:
+    def prepare_store(self, entry: PagedEntry, why: Kept) -> None:
+        if why is not Kept.EVICTED:
+            return
         if self.index.touch(entry.key):  # still there since it was copied back
             return
         copy = self.index.store(entry.key, entry.num_tokens)
@@ -54,15 +71,12 @@ class HostTier:
             self._jobs.write_to += copy.rows(self.index.page_size)
             self.stats.host_bytes_written += entry.num_tokens * self.token_bytes
 
-    def take_jobs(self, jobs: TierJobs) -> None:
-        planned, self._jobs = self._jobs, TierJobs()
-        jobs.write_from += planned.write_from
-        jobs.write_to += planned.write_to
-        jobs.read_from += planned.read_from
-        jobs.read_to += planned.read_to
+    def take_jobs(self) -> HostJobs | None:
+        planned, self._jobs = self._jobs, HostJobs()
         self.index.end_step()
+        return planned if planned.write_from or planned.read_from else None
 
-    def reported(self, report: ChunkCacheWorkerMetadata) -> None:
+    def reported(self, reports: dict) -> None:
         pass
 
     def clear(self) -> None:

@@ -13,10 +13,14 @@ import torch
 
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.pool import ChunkCachePool
-from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.tiers.host.scheduler import NAME, HostJobs
+from vllm_ascend_chunk.tiers.worker_base import jobs_of
 
 
 class HostCopies:
+    name = NAME
+
     def __init__(self, geometry: PoolGeometry, device: torch.device) -> None:
         """`device`: the pool's (host rows are pinned unless it is the CPU)."""
         g = geometry
@@ -32,15 +36,18 @@ class HostCopies:
         pool.write_rows(rows, self.kv.index_select(2, torch.tensor(host_rows, dtype=torch.int64)))
 
     def start(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
-        if meta.host_write_from:
-            self.to_host(pool, meta.host_write_from, meta.host_write_to)
-        if meta.host_read_from:
-            self.from_host(pool, meta.host_read_from, meta.host_read_to)
+        jobs: HostJobs | None = jobs_of(self, meta)
+        if jobs is None:
+            return
+        if jobs.write_from:
+            self.to_host(pool, jobs.write_from, jobs.write_to)
+        if jobs.read_from:
+            self.from_host(pool, jobs.read_from, jobs.read_to)
 
     def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
         pass
 
-    def finish(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+    def finish(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
         return None
 
     def close(self) -> None:

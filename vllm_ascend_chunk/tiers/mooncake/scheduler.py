@@ -1,12 +1,13 @@
-"""RemoteReads: the remote store behind the `tiers.base.Tier` interface, the scheduler's side.
+"""RemoteStoreTier: the remote store behind the `tiers.base.Tier` interface, the scheduler's side.
 
 A missing key is read from the store while the workers say it is reachable (`Fill.LATER`: the
 entry is FETCHING until every worker rank has reported the read, in whichever later steps each
-ends it; sent with the next step, `take_jobs`). The requests that need the entry wait meanwhile
+ends it; sent with the next step, `take_jobs`: `RemoteJobs`). The requests that need the entry wait meanwhile
 (`ChunkCacheCoordinator.get_num_new_matched_tokens`); every other request keeps being scheduled.
 The reads not reported yet, the ranks' word on each, and on the store's state, are kept here. An entry whose
-read failed is computed instead (`ChunkCacheManager.refills`). Entries reach the store by their
-chunk prefills' writes (`ChunkPrefills.saves`), so an evicted entry is not stored again.
+read failed is computed instead (`ChunkCacheManager.refills`). An entry is written to the store
+after the step whose saves completed it (`prepare_store`, `Kept.COMPUTED`); an evicted entry is
+not written again.
 """
 
 from __future__ import annotations
@@ -15,32 +16,30 @@ import itertools
 import logging
 
 from vllm_ascend_chunk.core.paging import PagedEntry
-from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata, RemoteRead
-from vllm_ascend_chunk.tiers.base import Fill, TierJobs, TierOwner
+from vllm_ascend_chunk.tiers.base import Fill, Kept, TierOwner
+from vllm_ascend_chunk.tiers.mooncake.jobs import NAME, RemoteJobs, RemoteRead, RemoteReport, RemoteWrite
 
 logger = logging.getLogger("vllm.chunk_cache")
 
 
-class RemoteReads:
-    def __init__(self, manager: TierOwner, enabled: bool, ranks: int = 1) -> None:
-        """With a remote store configured (`enabled`), joins `manager`'s tiers; `ranks`: the
-        engine's worker ranks (tensor x pipeline parallel), each of which reads its shard."""
+class RemoteStoreTier:
+    name = NAME
+
+    def __init__(self, manager: TierOwner, ranks: int = 1) -> None:
+        """The store's tier under `manager` (which adds it); `ranks`: the engine's worker ranks
+        (tensor x pipeline parallel), each of which reads and writes its shard."""
         self.manager = manager
         self.stats = manager.stats
-        self.enabled = enabled
-        """A remote store is configured: computed entries are written to it, missing ones read."""
-        self.reachable = enabled
+        self.reachable = True
         """Whether missing keys are asked of the store before they are computed."""
-        if enabled:
-            manager.add_tier(self)
         self.ranks = ranks
         self.in_flight: dict[int, PagedEntry] = {}
         """Reads planned and not reported by every rank yet, by `RemoteRead.read_id`."""
         self._votes: dict[int, dict[int, bool]] = {}
         """`RemoteRead.read_id` → rank → whether that rank's shard arrived, for the reads some
         ranks have reported (an entry is read only if every rank's shard arrived)."""
-        self._unsent: list[RemoteRead] = []
-        """Reads planned for the step being built."""
+        self._unsent = RemoteJobs()
+        """Reads and writes planned for the step being built."""
         self.counters: dict[int, dict[str, int]] = {}
         """Latest remote-store counters of each worker."""
         self.up: dict[int, bool] = {}
@@ -58,7 +57,7 @@ class RemoteReads:
         self.stats.remote_reads += 1
         read = RemoteRead(read_id=next(self._ids), key=entry.key, rows=entry.rows(self.manager.page_size))
         self.in_flight[read.read_id] = entry
-        self._unsent.append(read)
+        self._unsent.reads.append(read)
         return Fill.LATER
 
     def loaded(self, entry: PagedEntry, tokens: int, ok: bool) -> None:
@@ -67,12 +66,14 @@ class RemoteReads:
             self.stats.remote_hits += 1
             self.stats.remote_hit_tokens += tokens
 
-    def prepare_store(self, entry: PagedEntry) -> None:
-        pass
+    def prepare_store(self, entry: PagedEntry, why: Kept) -> None:
+        # An entry dropped by a reset may hold K/V of replaced weights: not shared.
+        if why is Kept.COMPUTED and not entry.dropped:
+            self._unsent.writes.append(RemoteWrite(entry.key, entry.rows(self.manager.page_size)))
 
-    def take_jobs(self, jobs: TierJobs) -> None:
-        jobs.remote_reads += self._unsent
-        self._unsent = []
+    def take_jobs(self) -> RemoteJobs | None:
+        jobs, self._unsent = self._unsent, RemoteJobs()
+        return jobs if jobs.reads or jobs.writes else None
 
     def clear(self) -> None:
         pass
@@ -80,25 +81,25 @@ class RemoteReads:
     def gauges(self) -> dict[str, float]:
         return {"remote_up": int(self.reachable)}
 
-    def reported(self, report: ChunkCacheWorkerMetadata) -> None:
-        """The workers' report of a step: the store's state and counters, the reads that ranks
+    def reported(self, reports: dict[int, RemoteReport]) -> None:
+        """Its workers' reports of a step: the store's state and counters, the reads that ranks
         ended (a read ends when the last rank reports it)."""
-        if report.remote_up:
-            self.up.update(report.remote_up)
-            up = all(self.up.values())
-            if up != self.reachable:
-                logger.info(
-                    "Chunk Cache: remote store %s",
-                    "reachable: missing entries are read from it again"
-                    if up
-                    else "unreachable: missing entries are computed until it is back",
-                )
-                self.reachable = up
-        if report.remote_counters:
-            self.counters.update(report.remote_counters)
+        self.up.update({rank: r.up for rank, r in reports.items() if r.up is not None})
+        up = all(self.up.values())
+        if up != self.reachable:
+            logger.info(
+                "Chunk Cache: remote store %s",
+                "reachable: missing entries are read from it again"
+                if up
+                else "unreachable: missing entries are computed until it is back",
+            )
+            self.reachable = up
+        counters = {rank: r.counters for rank, r in reports.items() if r.counters is not None}
+        if counters:
+            self.counters.update(counters)
             self.stats.sum_remote_counters(self.counters.values())
-        for rank, reads in report.reads.items():
-            for read_id, ok in reads.items():
+        for rank, report in reports.items():
+            for read_id, ok in report.reads.items():
                 votes = self._votes.setdefault(read_id, {})
                 votes[rank] = ok
                 if len(votes) == self.ranks:

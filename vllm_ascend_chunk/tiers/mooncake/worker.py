@@ -1,5 +1,5 @@
-"""RemoteTier: one worker's side of the shared remote store (`tiers.worker_base.WorkerTier`) — names,
-headers, reads in flight.
+"""RemoteStoreWorker: one worker's side of the shared remote store (`tiers.worker_base.WorkerTier`):
+names, headers, reads in flight.
 
 Each worker stores its own shard of an entry (its tensor-parallel heads of its pipeline stage's
 layers) as one object named after the entry's key and the shard (`object_name`); the key already
@@ -24,9 +24,11 @@ from dataclasses import dataclass
 
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.pool import ChunkCachePool
-from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata, RemoteRead
+from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
+from vllm_ascend_chunk.tiers.mooncake.jobs import NAME, RemoteJobs, RemoteRead, RemoteReport
 from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, KVHeader
 from vllm_ascend_chunk.tiers.mooncake.store import RemoteStore
+from vllm_ascend_chunk.tiers.worker_base import jobs_of
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -46,11 +48,6 @@ class ShardIdentity:
     pp_rank: int = 0
     pp_size: int = 1
 
-    @property
-    def rank(self) -> int:
-        """The worker's rank in its engine (pipeline stage major, as vLLM orders them)."""
-        return self.pp_rank * self.tp_size + self.tp_rank
-
 
 @dataclass
 class _PendingRead:
@@ -67,7 +64,9 @@ def object_name(key: bytes, identity: ShardIdentity) -> str:
     return f"chunk-cache/v{FORMAT_VERSION}/{key.hex()}/{shard}"
 
 
-class RemoteTier:
+class RemoteStoreWorker:
+    name = NAME
+
     def __init__(self, store: RemoteStore, geometry: PoolGeometry, identity: ShardIdentity) -> None:
         self.store = store
         self.geometry = geometry
@@ -76,7 +75,7 @@ class RemoteTier:
         """Reads started and not reported yet, in the order they started."""
         self._reported_up: bool | None = None
         self._reported_counters: dict[str, int] | None = None
-        if store.signing_key is None and identity.rank == 0:
+        if store.signing_key is None and identity.tp_rank == identity.pp_rank == 0:
             logger.warning(
                 "Chunk Cache remote store %s: objects are not signed, so the store is trusted: any "
                 "process that can write to it can make this instance serve K/V of its choice. Set "
@@ -105,19 +104,23 @@ class RemoteTier:
 
     def start(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
         """Start the step's reads (they run while this and later steps do)."""
+        jobs: RemoteJobs | None = jobs_of(self, meta)
+        if jobs is None:
+            return
         deadline = time.monotonic() + self.store.config.timeout_s
-        for read in meta.remote_reads:
+        for read in jobs.reads:
             name = object_name(read.key, self.identity)
             future = self.store.get(name, self.header(read.key, len(read.rows)))
             self._reads.append(_PendingRead(read, future, deadline))
 
     def save(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> None:
         """Queue the step's writes (entries whose last tokens it saved)."""
-        for write in meta.remote_writes:
+        jobs: RemoteJobs | None = jobs_of(self, meta)
+        for write in jobs.writes if jobs is not None else ():
             kv = pool.read_rows(write.rows)
             self.store.put(object_name(write.key, self.identity), self.header(write.key, len(write.rows)), kv)
 
-    def finish(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> ChunkCacheWorkerMetadata | None:
+    def finish(self, meta: ChunkCacheStepMetadata, pool: ChunkCachePool) -> RemoteReport | None:
         """Write the objects that arrived since the last step into their rows, give up the reads
         past their deadline, and report both; None when there is nothing new to report. Waits
         only in an idle step, at most `IDLE_WAIT_S`, for a read to end."""
@@ -147,12 +150,7 @@ class RemoteTier:
         if not reads and up == self._reported_up and counters == self._reported_counters:
             return None
         self._reported_up, self._reported_counters = up, counters
-        rank = self.identity.rank
-        return ChunkCacheWorkerMetadata(
-            reads={rank: reads} if reads else {},
-            remote_up={rank: up},
-            remote_counters={rank: counters},
-        )
+        return RemoteReport(reads=reads, up=up, counters=counters)
 
     def close(self) -> None:
         self.store.close()
