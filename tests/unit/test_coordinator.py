@@ -216,7 +216,7 @@ def test_a_tier_the_coordinator_never_names_fills_what_it_has_and_what_it_fails_
     """A third backend (the test-only `MemoryTier`) joins under the pool with no edit to the
     coordinator: its fills keep the request waiting, a failed one becomes a chunk prefill."""
     coord = coordinator(16)
-    memory = MemoryTier()
+    memory = MemoryTier(coord.manager)
     coord.manager.add_tier(memory)
     req = user_request("r", [b"d0", b"d1"])
     info = req.chunk_cache
@@ -227,8 +227,8 @@ def test_a_tier_the_coordinator_never_names_fills_what_it_has_and_what_it_fails_
     assert prefill.entries == [d1] and memory.filling == [sys_entry, d0]
     run_prefills(coord, [prefill])
     assert coord.get_num_new_matched_tokens(req, 0) == (None, False)  # still filling
-    memory.finish(coord.manager, 0, ok=True)
-    memory.finish(coord.manager, 0, ok=False)  # d0 failed while r holds it
+    memory.finish(0, ok=True)
+    memory.finish(0, ok=False)  # d0 failed while r holds it
     (refill,) = coord.plan()
     assert refill.entries == [d0] and not coord.manager.refills
     run_prefills(coord, [refill])

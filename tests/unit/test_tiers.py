@@ -55,7 +55,7 @@ def test_a_key_is_filled_by_the_first_tier_that_has_it_and_evictions_reach_every
     got = m.acquire([(b"d", 8)], chunk_keys={b"d"})  # only the memory tier has it: filled later
     (entry,) = got.entries
     assert got.fetches == [entry] and entry.state is EntryState.FETCHING and entry.source is memory
-    assert memory.finish(m, 0, ok=True) is entry and entry.resident and not m.refills
+    assert memory.finish(0, ok=True) is entry and entry.resident and not m.refills
     assert (memory.hits, memory.hit_tokens, m.stats.host_hits, m.stats.remote_hits) == (1, 8, 1, 0)
 
 
@@ -65,7 +65,7 @@ def test_a_failed_fill_is_computed_while_held_and_counted_a_miss():
     got = m.acquire([(b"b", 6)], chunk_keys={b"b"})
     assert got.created == [] and memory.filling == got.entries
     misses = m.stats.misses
-    assert memory.finish(m, 0, ok=False) is got.entries[0]
+    assert memory.finish(0, ok=False) is got.entries[0]
     assert m.take_refills() == got.entries  # held: compute it now
     assert m.stats.misses == misses + 1 and memory.failures == 1
 
@@ -126,7 +126,7 @@ class TieredRun:
 
     def fill_ends(self, data) -> None:
         index = data.draw(st.integers(0, len(self.memory.filling) - 1))
-        self.memory.finish(self.m, index, ok=data.draw(st.booleans()))
+        self.memory.finish(index, ok=data.draw(st.booleans()))
         self.computing += self.m.take_refills()
 
     def reset(self, data) -> None:
@@ -164,7 +164,7 @@ class TieredRun:
         """Every fill and prefill ends, every request leaves: nothing pinned or pending."""
         while self.memory.filling or self.computing:
             if self.memory.filling:
-                self.memory.finish(self.m, 0, ok=True)
+                self.memory.finish(0, ok=True)
                 assert not self.m.refills
             else:
                 self.m.mark_resident(self.computing.pop())

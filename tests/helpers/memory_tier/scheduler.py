@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager, Entry
+from vllm_ascend_chunk.scheduler.manager import Entry
 from vllm_ascend_chunk.tiers.base import Fill, Kept, TierOwner
 
 NAME = "memory"
@@ -22,9 +22,9 @@ class MemoryJobs:
 class MemoryTier:
     name = NAME
 
-    def __init__(self, owner: TierOwner | None = None, ranks: int = 1) -> None:
-        """`owner`: the pool index whose fills the workers' reports end (none in unit tests
-        that end them with `finish`); `ranks`: the workers, every one of which must report."""
+    def __init__(self, owner: TierOwner, ranks: int = 1) -> None:
+        """`owner`: the pool index that offers it keys and whose fills it ends; `ranks`: the
+        workers, every one of which must report a fill."""
         self.owner = owner
         self.ranks = ranks
         self.copies: dict[bytes, int] = {}
@@ -80,12 +80,11 @@ class MemoryTier:
     def gauges(self) -> dict[str, float]:
         return {"memory_entries": len(self.copies)}
 
-    def finish(self, manager: ChunkCacheManager, index: int, ok: bool) -> Entry:
-        """End the `index`-th fill in flight, as its workers would (if it failed while held:
-        `manager.refills`)."""
+    def finish(self, index: int, ok: bool) -> Entry:
+        """End the `index`-th fill in flight, as its workers would (if it failed while held: the
+        owner's `refills`)."""
         entry = self.filling[index]
         self._by_id = {i: e for i, e in self._by_id.items() if e is not entry}
-        self.owner = self.owner or manager
         self._end(entry, ok)
         return entry
 
@@ -94,4 +93,4 @@ class MemoryTier:
         self.owner.fetched(entry, ok)
 
     def _rows(self, entry: Entry) -> list[int]:
-        return entry.rows(self.owner.page_size) if self.owner is not None else []
+        return entry.rows(self.owner.page_size)
