@@ -15,6 +15,8 @@ import logging
 import math
 import os
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -157,6 +159,25 @@ def bound_mooncake_transfers(timeout_s: float) -> None:
         os.environ.setdefault(name, seconds)
     # One attempt per `setup`; the connector thread does the retrying.
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+
+
+STORE_THREAD_NICE = 19
+"""The nice value of the threads that call the Mooncake client (readers, writer, connector)."""
+
+
+def lower_thread_priority() -> None:
+    """The calling thread (and the threads it starts) at the lowest CPU priority, on Linux.
+
+    A read or probe stuck in a stopped store process busy-polls its thread's core inside the
+    Mooncake client until the transfer gives up: at the lowest priority it takes only the CPU the
+    engine leaves idle, so a slow store slows the requests that wait on it, not every decode.
+    Linux's nice value is per thread; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STORE_THREAD_NICE)
+    except OSError as e:  # a sandbox may forbid it: the store works, only at normal priority
+        logger.debug("Chunk Cache remote store: thread priority unchanged (%s)", e)
 
 
 def mooncake_store_class() -> type:
