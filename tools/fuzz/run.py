@@ -245,6 +245,11 @@ def server_factory(
         "VLLM_CHUNK_CACHE_SIZE_GB": f"{settings.pool_gb:.12g}",
         "VLLM_ENABLE_CHUNK_CACHE": "true",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        # The check that a request's connection still answers /health is after a close on an
+        # answer (an error that re-raises), which is at once; uvicorn's idle close (5 s by
+        # default) would also close it when the fuzz process stalls that long between the two
+        # (its store faults call Mooncake in-process), a failure of the harness, not the server.
+        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60",
         **(extra_env or {}),
     }
 
