@@ -48,6 +48,8 @@ class FakeMooncake:
         self.held: set[str] = set()
         """Names whose reads and existence checks wait until `release`."""
         self.calls: list[tuple[str, str]] = []
+        self.callers: dict[str, tuple[int, set[int]]] = {}
+        """Per operation, the nice value and CPUs of the last thread that called it."""
         self.setups = 0
         self._released = threading.Event()
 
@@ -59,6 +61,11 @@ class FakeMooncake:
 
     def _call(self, op: str, name: str) -> None:
         self.calls.append((op, name))
+        if sys.platform.startswith("linux"):
+            self.callers[op] = (
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
+                os.sched_getaffinity(0),
+            )
         if name in self.held:
             self._released.wait(30)
 
@@ -225,6 +232,29 @@ def test_an_object_over_part_bytes_is_stored_in_parts_of_one_write(
     written(store, "doc", h, kv)
     assert mooncake.objects["doc"][:NONCE] != nonce, "two writes drew the same nonce"
     assert store.stats().errors == 0
+
+
+def test_the_threads_calling_mooncake_yield_to_the_engine(
+    mooncake: FakeMooncake, make_store: MakeStore
+) -> None:
+    """A store made by a thread bound to CPU 0 (as vLLM's CPU worker binds its threads to its
+    compute cores): its readers, writer and connector call Mooncake at nice 19, on the others."""
+    stores: list[RemoteStore] = []
+
+    def bound_maker() -> None:
+        os.sched_setaffinity(0, {0})
+        stores.append(make_store())
+
+    maker = threading.Thread(target=bound_maker)
+    maker.start()
+    maker.join()
+    h = header("e")
+    written(stores[0], "e", h, kv_for(h))
+    assert read(stores[0], "e", h) is not None
+    others = (set(range(os.cpu_count() or 1)) - {0}) or {0}
+    # put and is_exist by the writer and the probe, get by a reader and the probe
+    assert mooncake.callers == dict.fromkeys(mooncake.callers, (19, others))
+    assert {"put", "get", "is_exist"} <= set(mooncake.callers)
 
 
 @pytest.mark.parametrize(("extra", "parts"), [(0, 1), (-1, 2)], ids=["exactly-part-bytes", "one-byte-over"])

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
-from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, lower_thread_priority, probe, reachable
+from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, probe, reachable, yield_to_the_engine
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -116,7 +116,7 @@ class StoreConnection:
         )
 
     def _loop(self) -> None:
-        lower_thread_priority()  # the client's own threads, started by `setup` here, inherit it
+        yield_to_the_engine()  # the client's own threads, started by `setup` here, inherit it
         while not self._closed.is_set():
             if not self.up:
                 try:

@@ -165,19 +165,24 @@ STORE_THREAD_NICE = 19
 """The nice value of the threads that call the Mooncake client (readers, writer, connector)."""
 
 
-def lower_thread_priority() -> None:
-    """The calling thread (and the threads it starts) at the lowest CPU priority, on Linux.
+def yield_to_the_engine() -> None:
+    """The calling thread (and the threads it starts) out of the engine's way, on Linux: at the
+    lowest priority and, where the thread is bound to some CPUs (vLLM's CPU worker binds its
+    threads to the worker's compute cores), on the other CPUs.
 
     A read or probe stuck in a stopped store process busy-polls its thread's core inside the
-    Mooncake client until the transfer gives up: at the lowest priority it takes only the CPU the
-    engine leaves idle, so a slow store slows the requests that wait on it, not every decode.
-    Linux's nice value is per thread; elsewhere nothing changes."""
+    Mooncake client until the transfer gives up: off the compute cores and at the lowest
+    priority it takes only CPU the engine leaves idle, so a slow store slows the requests that
+    wait on it, not every decode. Linux's nice value and affinity are per thread."""
     if not sys.platform.startswith("linux"):
         return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STORE_THREAD_NICE)
-    except OSError as e:  # a sandbox may forbid it: the store works, only at normal priority
-        logger.debug("Chunk Cache remote store: thread priority unchanged (%s)", e)
+        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+        if others:
+            os.sched_setaffinity(0, others)
+    except OSError as e:  # a sandbox may forbid it: the store works, only beside the engine
+        logger.debug("Chunk Cache remote store: thread priority or CPUs unchanged (%s)", e)
 
 
 def mooncake_store_class() -> type:

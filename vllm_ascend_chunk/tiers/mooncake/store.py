@@ -11,8 +11,9 @@ not match its header: `RemoteStoreStats`), `get` queues the read for two reader 
 `read_queue` waiting) and returns a future that resolves to the tensor or to `None` for every kind
 of miss; `cancel()` on it before its read starts skips the read. Threads: one writer, two
 readers, one deadline watcher and one connector, whatever the number of operations; those that
-call the Mooncake client (all but the watcher) run at the lowest CPU priority
-(`objects.lower_thread_priority`), so a stuck read that spins its core takes only idle CPU.
+call the Mooncake client (all but the watcher) run at the lowest CPU priority and off the
+worker's compute cores where it has some (`objects.yield_to_the_engine`), so a stuck read that
+spins its core takes only CPU the engine leaves idle.
 
 Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
@@ -80,10 +81,10 @@ from vllm_ascend_chunk.tiers.mooncake.objects import (
     Fetched,
     bound_mooncake_transfers,
     fetch,
-    lower_thread_priority,
     mooncake_store_class,
     put_parts,
     remove,
+    yield_to_the_engine,
 )
 
 logger = logging.getLogger("vllm.chunk_cache")
@@ -261,7 +262,7 @@ class RemoteStore:
     # Reads.
 
     def _read_loop(self) -> None:
-        lower_thread_priority()
+        yield_to_the_engine()
         while (pending := self._reads.get()) is not None:
             self._conn.hold_reads(2 * self.config.timeout_s + self.config.retry_s)
             if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
@@ -344,7 +345,7 @@ class RemoteStore:
     # Writes.
 
     def _write_loop(self) -> None:
-        lower_thread_priority()
+        yield_to_the_engine()
         while (item := self._queue.get()) is not None:
             name, header, kv, nbytes = item
             try:
