@@ -86,6 +86,7 @@ SLOW_FILES = (
     "tests/engine/test_multi_connector.py",  # 40
     "tests/unit/test_coordinator.py",  # 35
     "tests/engine/test_host_tier.py",  # 30
+    "tests/engine/test_memory_tier.py",  # 30
 )
 
 

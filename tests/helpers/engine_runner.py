@@ -9,7 +9,8 @@ SPEC: {"model": dir, "dtype": "float32" (default) | "bfloat16", "engine": {LLM k
                    `late` ones join the running batch),
                    "extra_args": {...} (`SamplingParams.extra_args` of the round),
                    "reset_prefix_cache": bool (first reset the prefix cache, which drops the
-                   chunk pool and keeps other KV connectors' stores)}, ...]}.
+                   chunk pool and keeps other KV connectors' stores)}, ...],
+       "memory_tier": bool (the test-only memory tier registered as a third backend)}.
 A prompt is text or a token-id prompt {"prompt_token_ids": [...], "chunk_spans": {...}}.
 Output line `RESULT {...}`: per round the prompt ids, generated ids and logprobs (or the error
 text) of every prompt, the chunk cache state after each round, and the engine's execution mode
@@ -170,6 +171,18 @@ def reset_prefix_cache(llm) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not spec.get("memory_tier"):
+        run(spec)
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.helpers.memory_tier import registered
+
+    with registered():  # the engine core and its one worker run here: both halves see it
+        run(spec)
+
+
+def run(spec: dict) -> None:
+    """Builds the engine of `spec`, runs its rounds and prints the RESULT line."""
     from vllm import LLM, SamplingParams
 
     started = time.monotonic()
@@ -213,6 +226,7 @@ def run_engine(
     engine: dict | None = None,
     env: dict | None = None,
     dtype: str = "float32",
+    memory_tier: bool = False,
 ) -> dict:
     """Runs `rounds` on an engine of `model_dir` in a child process (this file); its RESULT."""
     spec = {
@@ -220,6 +234,7 @@ def run_engine(
         "dtype": dtype,
         "engine": {"max_model_len": 4096, **(engine or {})},
         "rounds": rounds,
+        "memory_tier": memory_tier,
     }
     run = subprocess.run(
         [sys.executable, __file__, json.dumps(spec)],
