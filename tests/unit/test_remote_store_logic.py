@@ -49,7 +49,7 @@ class FakeMooncake:
         """Names whose reads and existence checks wait until `release`."""
         self.calls: list[tuple[str, str]] = []
         self.callers: dict[str, tuple[int, set[int]]] = {}
-        """Per operation, the nice value and CPUs of the last thread that called it."""
+        """Per operation, the scheduling policy and CPUs of the last thread that called it."""
         self.setups = 0
         self._released = threading.Event()
 
@@ -62,10 +62,7 @@ class FakeMooncake:
     def _call(self, op: str, name: str) -> None:
         self.calls.append((op, name))
         if sys.platform.startswith("linux"):
-            self.callers[op] = (
-                os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
-                os.sched_getaffinity(0),
-            )
+            self.callers[op] = (os.sched_getscheduler(0), os.sched_getaffinity(0))
         if name in self.held:
             self._released.wait(30)
 
@@ -238,7 +235,8 @@ def test_the_threads_calling_mooncake_yield_to_the_engine(
     mooncake: FakeMooncake, make_store: MakeStore
 ) -> None:
     """A store made by a thread bound to CPU 0 (as vLLM's CPU worker binds its threads to its
-    compute cores): its readers, writer and connector call Mooncake at nice 19, on the others."""
+    compute cores): its readers, writer and connector call Mooncake in the idle scheduling class,
+    on the other CPUs."""
     stores: list[RemoteStore] = []
 
     def bound_maker() -> None:
@@ -253,7 +251,7 @@ def test_the_threads_calling_mooncake_yield_to_the_engine(
     assert read(stores[0], "e", h) is not None
     others = (set(range(os.cpu_count() or 1)) - {0}) or {0}
     # put and is_exist by the writer and the probe, get by a reader and the probe
-    assert mooncake.callers == dict.fromkeys(mooncake.callers, (19, others))
+    assert mooncake.callers == dict.fromkeys(mooncake.callers, (os.SCHED_IDLE, others))
     assert {"put", "get", "is_exist"} <= set(mooncake.callers)
 
 

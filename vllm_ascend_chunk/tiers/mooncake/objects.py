@@ -16,7 +16,6 @@ import math
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -161,28 +160,27 @@ def bound_mooncake_transfers(timeout_s: float) -> None:
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
 
-STORE_THREAD_NICE = 19
-"""The nice value of the threads that call the Mooncake client (readers, writer, connector)."""
-
-
 def yield_to_the_engine() -> None:
-    """The calling thread (and the threads it starts) out of the engine's way, on Linux: at the
-    lowest priority and, where the thread is bound to some CPUs (vLLM's CPU worker binds its
-    threads to the worker's compute cores), on the other CPUs.
+    """The calling thread (and the threads it starts) out of the engine's way, on Linux: in the
+    idle scheduling class (`SCHED_IDLE`: it runs only on a CPU no other thread wants, and any
+    other thread that wakes takes the CPU from it) and, where the thread is bound to some CPUs
+    (vLLM's CPU worker binds its threads to the worker's compute cores), on the other CPUs.
 
     A read or probe stuck in a stopped store process busy-polls its thread's core inside the
-    Mooncake client until the transfer gives up: off the compute cores and at the lowest
-    priority it takes only CPU the engine leaves idle, so a slow store slows the requests that
-    wait on it, not every decode. Linux's nice value and affinity are per thread."""
+    Mooncake client until the transfer gives up: so placed it takes only CPU the engine leaves
+    idle, and a slow store slows the requests that wait on it, not every decode. The price: on a
+    machine whose every core the engine keeps busy, store reads wait for idle CPU (past the
+    timeout they are misses, computed instead) and writes queue. Linux's scheduling class and
+    affinity are per thread."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), STORE_THREAD_NICE)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
         if others:
             os.sched_setaffinity(0, others)
     except OSError as e:  # a sandbox may forbid it: the store works, only beside the engine
-        logger.debug("Chunk Cache remote store: thread priority or CPUs unchanged (%s)", e)
+        logger.debug("Chunk Cache remote store: thread scheduling or CPUs unchanged (%s)", e)
 
 
 def mooncake_store_class() -> type:

@@ -11,7 +11,7 @@ not match its header: `RemoteStoreStats`), `get` queues the read for two reader 
 `read_queue` waiting) and returns a future that resolves to the tensor or to `None` for every kind
 of miss; `cancel()` on it before its read starts skips the read. Threads: one writer, two
 readers, one deadline watcher and one connector, whatever the number of operations; those that
-call the Mooncake client (all but the watcher) run at the lowest CPU priority and off the
+call the Mooncake client (all but the watcher) run in the idle scheduling class and off the
 worker's compute cores where it has some (`objects.yield_to_the_engine`), so a stuck read that
 spins its core takes only CPU the engine leaves idle.
 
