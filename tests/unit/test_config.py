@@ -5,7 +5,8 @@ import pytest
 
 from tests.helpers import REPO
 from vllm_ascend_chunk.config.recovery_modes import Recovery
-from vllm_ascend_chunk.config.settings import VARIABLES, ChunkCacheConfig, ChunkCacheConfigError, docs_table
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
+from vllm_ascend_chunk.config.variables import VARIABLES, ChunkCacheConfigError, docs_table
 
 
 def test_defaults_match_the_design():
@@ -173,7 +174,7 @@ def test_both_secret_variables_are_refused(tmp_path):
 def test_the_configuration_page_shows_the_configuration_table():
     """docs/user/configuration.md's table is `docs_table()`, whole (a blank line on each side):
     regenerate it with
-    `python -c "from vllm_ascend_chunk.config.settings import docs_table; print(docs_table())"`."""
+    `python -c "from vllm_ascend_chunk.config.variables import docs_table; print(docs_table())"`."""
     page = (REPO / "docs" / "user" / "configuration.md").read_text()
     assert f"\n\n{docs_table()}\n\n" in page
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from vllm_ascend_chunk.config.settings import ChunkCacheConfig, ChunkCacheConfigError
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
+from vllm_ascend_chunk.config.variables import ChunkCacheConfigError
 from vllm_ascend_chunk.core.layouts import LAYOUTS
 from vllm_ascend_chunk.core.metadata import ChunkSpans
 

@@ -17,7 +17,8 @@ import msgspec
 
 from vllm_ascend_chunk.config.engine import engine_settings, is_active
 from vllm_ascend_chunk.config.pool_size import pool_geometry
-from vllm_ascend_chunk.config.settings import HASH_ALGORITHMS, get_config
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.config.variables import HASH_ALGORITHMS
 from vllm_ascend_chunk.core.geometry import PAGE_SIZE, PoolGeometry
 from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
