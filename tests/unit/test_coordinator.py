@@ -135,8 +135,8 @@ def coordinator(
     return ChunkCacheCoordinator(
         geometry,
         BLOCK,
+        with_remote(get_config()) if has_remote else get_config(),
         priority_order=priority,
-        settings=with_remote(get_config()) if has_remote else None,
         ranks=ranks,
     )
 
@@ -731,7 +731,7 @@ test_coordinator_random_operations = CoordinatorMachine.TestCase
 
 @pytest.fixture(autouse=True)
 def _default_config(monkeypatch):
-    """The coordinator reads the layout and LRU threshold from the environment: use defaults."""
+    """The coordinators here get the environment's settings (layout, LRU threshold): the defaults."""
     from vllm_ascend_chunk.config.settings import get_config
 
     for name in ("VLLM_CHUNK_CACHE_LAYOUT", "VLLM_CHUNK_CACHE_LRU_THRESHOLD"):

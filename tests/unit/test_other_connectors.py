@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_async_scheduler import BLOCK, TOKEN, make_scheduler, synthetic_output
+from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.scheduler.prefills import is_chunk_prefill
 
@@ -56,7 +57,9 @@ def request(scheduler, kind: str):
     ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
     select = {"select": 0.3, "select_runs": 2} if kind == "qattn" else {}
     recovered = 1 if kind == "last" else 0
-    info = with_keys(spans, ids, ("tiny", "float32"), hash_fn(), recovered=recovered, **select)
+    info = with_keys(
+        spans, ids, ("tiny", "float32"), hash_fn(get_config().hash_algorithm), recovered=recovered, **select
+    )
     return Request(
         request_id=f"cmpl-{PEER}{kind}",
         prompt_token_ids=ids if kind != "ordinary" else ids[:50],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_ascend_chunk.config.recovery_modes import COVER_CEILING, SELECT_RUNS, Recovery, recovery_of
+from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
@@ -23,7 +24,7 @@ def server_mode(chunk_env):
 
 
 def requested(params) -> Recovery:
-    return recovery.requested_recovery(params)
+    return recovery.requested_recovery(params, get_config().recovery)
 
 
 def test_the_server_mode_applies_unless_the_request_names_one(server_mode):

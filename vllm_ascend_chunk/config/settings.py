@@ -26,6 +26,7 @@ from vllm_ascend_chunk.config.variables import (
     VARIABLES,
     ChunkCacheConfigError,
 )
+from vllm_ascend_chunk.core.geometry import PoolGeometry
 
 
 def _default(field: str) -> Any:
@@ -93,7 +94,9 @@ class RemoteConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ChunkCacheConfig:
-    """The chunk cache's settings (`SETTINGS`, and the remote tier's)."""
+    """The chunk cache's settings (`SETTINGS`, and the remote tier's): the environment's
+    (`get_config`), or one engine's, which are those with what was decided for the engine (its
+    layout and its pool: `config.engine_settings`)."""
 
     enabled: bool = _default("enabled")
     size_gb: float | None = _default("size_gb")
@@ -103,7 +106,7 @@ class ChunkCacheConfig:
     delimiter: str = _default("delimiter")
     layout: str = _default("layout")
     """`sequential` (the default, nearest full attention on every quality set: `docs/results/quality.md`)
-    or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap`
+    or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap` for its engine
     (`config.engine`)."""
     recovery: Recovery = _default("recovery")
     """What of the document region a request computes with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
@@ -115,6 +118,8 @@ class ChunkCacheConfig:
     """The most pool rows (page-rounded tokens of SYS and distinct documents) one request may hold."""
     remote_config: RemoteConfig | None = None
     """The shared Mooncake Store tier (None: off)."""
+    pool: PoolGeometry | None = None
+    """An engine's pool once it is sized (`config.engine`); None in the environment's settings."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
@@ -145,5 +150,7 @@ class ChunkCacheConfig:
 
 @functools.cache
 def get_config() -> ChunkCacheConfig:
-    """The process-wide configuration (read once; raises `ChunkCacheConfigError` if invalid)."""
+    """The environment's settings, read once per process (raises `ChunkCacheConfigError` if
+    invalid): what `config.engine.configure` builds an engine's settings from, and the plugin's
+    start-up log. Everything else reads its engine's (`config.engine_settings.engine_settings`)."""
     return ChunkCacheConfig.from_env()

@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.layouts import LAYOUTS
 from vllm_ascend_chunk.core.paging import slot_of
@@ -72,20 +72,19 @@ class ChunkCacheCoordinator:
         self,
         geometry: PoolGeometry,
         block_size: int,
+        settings: ChunkCacheConfig,
         priority_order: bool = False,
-        settings: ChunkCacheConfig | None = None,
         ranks: int = 1,
     ) -> None:
-        """`settings`: the engine's (`config.engine.engine_settings`); the process's by default.
-        `ranks`: the engine's worker ranks (each keeps its shard of an entry in a tier)."""
-        config = settings or get_config()
+        """`settings`: the engine's (`config.engine_settings.engine_settings`). `ranks`: the
+        engine's worker ranks (each keeps its shard of an entry in a tier)."""
         self.geometry = geometry
-        self.layout = LAYOUTS[config.layout]
+        self.layout = LAYOUTS[settings.layout]
         self.block_size = block_size
         self.priority_order = priority_order
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
-        self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
-        build_tiers(config, geometry, self.manager, ranks)
+        self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, settings.lru_threshold)
+        build_tiers(settings, geometry, self.manager, ranks)
         self.users: dict[str, UserRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)
         self.recompute = RecomputePlanner(self.users, self.layout, block_size, self.manager.stats)
