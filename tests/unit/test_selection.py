@@ -111,7 +111,7 @@ def test_nothing_to_recompute():
 
 def test_the_passes_of_one_request():
     sel = Selection.for_spans(SPANS, 0.3, 2)  # count round(4.5) = 4, windows of 2
-    assert (sel.count, sel.first, sel.score_end) == (4, 4, 21)
+    assert (sel.count, sel.select_from, sel.score_end) == (4, 4, 21)
     assert sel.cap(18, 100) == 3 and sel.cap(18, 2) == 2  # scoring stops before the last token
     assert sel.record_scheduled(18, 2) and sel.phase is Phase.SCORING  # a chunked-prefill piece
     assert sel.record_scheduled(20, 1) and sel.phase is Phase.AWAITING and sel.cap(21, 1) == 0
@@ -237,7 +237,7 @@ def test_the_coordinator_drives_the_passes():
     out = FakeOutput(num_scheduled_tokens={"q": 2}, scheduled_new_reqs=[FakeNewRequest("q", (blocks.ids,))])
     meta = coord.build_connector_meta(out)
     spec = meta.scores["q"]
-    assert (spec.first, spec.region) == (14, (2, 14))
+    assert (spec.piece_start, spec.region) == (14, (2, 14))
     assert spec.key_slots == [slot_of(blocks.ids, 4, t) for t in range(16)]
     request.num_computed_tokens = 16
     coord.recompute.reposition([request])
@@ -391,16 +391,16 @@ def test_region_weights_are_each_query_s_softmax_summed(heads, kv_heads, block):
     """Whatever the block of keys scored at a time (the blocks need not align with the region;
     64 and the default hold every key: one softmax)."""
     torch.manual_seed(0)
-    first, n, dim = 7, 5, 8
-    query, keys = torch.randn(n, heads, dim), torch.randn(first + n, kv_heads, dim)
+    piece_start, n, dim = 7, 5, 8
+    query, keys = torch.randn(n, heads, dim), torch.randn(piece_start + n, kv_heads, dim)
     region = (2, 9)
     want = torch.zeros(region[1] - region[0])
     for i in range(n):
         for h in range(heads):
-            k = keys[: first + i + 1, h // (heads // kv_heads)]
+            k = keys[: piece_start + i + 1, h // (heads // kv_heads)]
             weights = torch.softmax(k @ query[i, h] * 0.3, dim=0)
-            want += torch.nn.functional.pad(weights, (0, first + n))[region[0] : region[1]]
-    got = region_weights(query, lambda lo, hi: keys[lo:hi], first, region, 0.3, block)
+            want += torch.nn.functional.pad(weights, (0, piece_start + n))[region[0] : region[1]]
+    got = region_weights(query, lambda lo, hi: keys[lo:hi], piece_start, region, 0.3, block)
     torch.testing.assert_close(got, want)
 
 
@@ -414,15 +414,15 @@ def test_region_weights_read_bounded_blocks_of_a_32k_prompt():
         import resource, torch
         from vllm_ascend_chunk.worker.scoring import key_block, region_weights
         torch.manual_seed(0)
-        first, n, heads, kv_heads, dim = 32768, 64, 32, 8, 128
-        keys = torch.randn(first + n, kv_heads, dim, dtype=torch.bfloat16)
+        piece_start, n, heads, kv_heads, dim = 32768, 64, 32, 8, 128
+        keys = torch.randn(piece_start + n, kv_heads, dim, dtype=torch.bfloat16)
         query = torch.randn(n, heads, dim, dtype=torch.bfloat16)
         widest = []
         def read(lo, hi):
             widest.append(hi - lo)
             return keys[lo:hi]
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        total = region_weights(query, read, first, (16, first), 0.1)
+        total = region_weights(query, read, piece_start, (16, piece_start), 0.1)
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
         assert max(widest) == key_block(heads, n, kv_heads, dim) == 8192, max(widest)
         assert torch.isfinite(total).all() and 0 < float(total.sum()) <= n * heads + 1e-3

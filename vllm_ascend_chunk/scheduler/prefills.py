@@ -122,10 +122,10 @@ class ChunkPrefills:
     def saves(self, pieces: dict[str, int], num_scheduled_tokens: dict[str, int]) -> Saves:
         """The saves of the `pieces` (`track_blocks`), and the entries they complete."""
         saves = Saves()
-        for rid, first in pieces.items():
+        for rid, start in pieces.items():
             prefill = self.by_id[rid]
-            end = first + num_scheduled_tokens[rid]
-            for t in range(first, end):
+            end = start + num_scheduled_tokens[rid]
+            for t in range(start, end):
                 if prefill.pool_rows[t] >= 0:
                     saves.rows.append(prefill.pool_rows[t])
                     saves.slots.append(slot_of(prefill.block_ids, self.block_size, t))

@@ -103,11 +103,11 @@ class RecomputePlanner:
         for rid, num in num_scheduled_tokens.items():
             if (user := self._selecting(rid)) is None:
                 continue
-            first = user.request.num_computed_tokens
-            if user.selection.record_scheduled(first, num):
-                slots = [slot_of(user.block_ids, self.block_size, t) for t in range(first + num)]
+            start = user.request.num_computed_tokens
+            if user.selection.record_scheduled(start, num):
+                slots = [slot_of(user.block_ids, self.block_size, t) for t in range(start + num)]
                 region = (user.info.sys_len, user.info.question_start)
-                specs[rid] = ScoreSpec(first=first, key_slots=slots, region=region)
+                specs[rid] = ScoreSpec(piece_start=start, key_slots=slots, region=region)
         return specs
 
     def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
