@@ -178,7 +178,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
     ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
     # 0.3 of 120 = 36 tokens in 2 runs: windows of 18 from C_2 (offset 40) on.
     hasher = hash_fn(get_config().hash_algorithm)
-    info = with_keys(spans, ids, ("tiny", "float32"), hasher, select=0.3, select_runs=2)
+    info = with_keys(spans, ids, ("tiny", "float32"), hasher, fraction=0.3, runs=2)
     user = Request(
         request_id="q",
         prompt_token_ids=ids,

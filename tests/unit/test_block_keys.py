@@ -65,7 +65,7 @@ def test_a_qattn_request_shares_its_blocks_with_no_one():
 
     block_hashes = hasher("sha256_cbor")
     keys = {"sys_hash": b"s", "chunk_hashes": [b"a", b"b"]}
-    qattn = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys, select=0.2, select_runs=16)
+    qattn = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys, fraction=0.2, runs=16)
     plain = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys)
     mine = block_hashes("q1", chunk_cache=qattn)
     assert mine == block_hashes("q1", chunk_cache=qattn)

@@ -50,10 +50,10 @@ def test_valid_values_are_parsed():
     on = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "LAST:3"})
     assert on.recovery == Recovery(docs=3) and "recovery=last:3" in on.describe()
     select = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.2/8"})
-    assert select.recovery == Recovery(select=0.2, runs=8) and "recovery=qattn:0.2/8" in select.describe()
+    assert select.recovery == Recovery(fraction=0.2, runs=8) and "recovery=qattn:0.2/8" in select.describe()
     cover = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "cover:0.9/0.15"})
     assert (
-        cover.recovery == Recovery(select=0.15, runs=16, cover=0.9)
+        cover.recovery == Recovery(fraction=0.15, runs=16, cover=0.9)
         and "recovery=cover:0.9/0.15" in cover.describe()
     )
     assert "pool=auto" in on.describe() and "pool=0.5 GiB" in ChunkCacheConfig(size_gb=0.5).describe()

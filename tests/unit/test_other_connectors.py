@@ -55,7 +55,7 @@ def request(scheduler, kind: str):
     docs = [40, 30, 50] if kind != "last" else [40, 30]  # `last:1`: the third joined the question
     spans = ChunkSpans(sys_len=5, chunk_lens=docs, question_len=10 if kind != "last" else 60)
     ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
-    select = {"select": 0.3, "select_runs": 2} if kind == "qattn" else {}
+    select = {"fraction": 0.3, "runs": 2} if kind == "qattn" else {}
     recovered = 1 if kind == "last" else 0
     info = with_keys(
         spans, ids, ("tiny", "float32"), hash_fn(get_config().hash_algorithm), recovered=recovered, **select

@@ -206,9 +206,7 @@ def test_restart_after_preemption():
 def qattn_request(rid: str, mode: str = "0.5/2", question_len: int = 3, cover: float = 0.0):
     request = user_request(rid, [b"d0", b"d1", b"d2"], sys_len=2, question_len=question_len)  # 2 + 3+4+5 + Q
     fraction, runs = mode.split("/")
-    info = msgspec.structs.replace(
-        request.chunk_cache, select=float(fraction), select_runs=int(runs), cover=cover
-    )
+    info = msgspec.structs.replace(request.chunk_cache, fraction=float(fraction), runs=int(runs), cover=cover)
     request.chunk_cache = info
     return request
 

@@ -39,11 +39,11 @@ def with_keys(
     token_ids: Sequence[int],
     identity: tuple,
     hasher: Callable[[Any], bytes],
-    select: float = 0.0,
-    select_runs: int = 0,
+    fraction: float = 0.0,
+    runs: int = 0,
     recovered: int = 0,
     cover: float = 0.0,
-    cover_floor: float = 0.0,
+    floor: float = 0.0,
 ) -> ChunkCacheInfo:
     """`spans` with the keys of SYS and of every chunk (and a recovery mode: `qattn`'s selection,
     `cover`'s target and floor, the number of documents `last:K` joined to the question)."""
@@ -54,11 +54,11 @@ def with_keys(
         **msgspec.structs.asdict(spans),
         sys_hash=sys_hash,
         chunk_hashes=chunk_hashes,
-        select=select,
-        select_runs=select_runs,
+        fraction=fraction,
+        runs=runs,
         recovered=recovered,
         cover=cover,
-        cover_floor=cover_floor,
+        floor=floor,
     )
 
 
@@ -144,7 +144,7 @@ def chunk_cache_info(
         token_ids,
         identity,
         hash_fn(settings.hash_algorithm),
-        mode.select,
+        mode.fraction,
         mode.runs,
         recovered,
         mode.cover,

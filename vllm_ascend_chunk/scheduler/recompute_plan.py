@@ -62,12 +62,10 @@ class RecomputePlanner:
         """A new chunk-path request: its `qattn` (or `cover`) passes, if it may recompute
         anything in place."""
         info = user.info
-        if not (info.select or info.cover):
+        if not (info.fraction or info.cover):
             return
         cuts = self.layout.shift_bounds(info)
-        user.selection = Selection.for_spans(
-            info, info.select, info.select_runs, cuts, info.cover, info.cover_floor
-        )
+        user.selection = Selection.for_spans(info, info.fraction, info.runs, cuts, info.cover, info.floor)
         if user.selection is not None:  # None: nothing to recompute (one document, a 1-token question)
             self.selecting.add(user.request.request_id)
 
