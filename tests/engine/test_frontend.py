@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 SYS = "You are a careful assistant."

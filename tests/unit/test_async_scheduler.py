@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
 from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.scheduler.prefills import CHUNK_PREFILL_ID_PREFIX
 
 BLOCK = 16

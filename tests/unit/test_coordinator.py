@@ -25,8 +25,8 @@ from tests.helpers.memory_tier import MemoryTier
 from tests.helpers.tier_steps import host_jobs, remote_jobs, remote_report, remote_tier, with_remote
 from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.geometry import PoolGeometry
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.core.paging import pages_for, slot_of
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill

@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.test_engine_config import engine_config_of
 from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend.keys import engine_identity, hash_fn, with_keys
 
 LORA = SimpleNamespace(lora_name="adapter", lora_int_id=1, lora_path="/adapters/a")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.unit.test_async_scheduler import BLOCK, TOKEN, make_scheduler, synthetic_output
 from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.scheduler.prefills import is_chunk_prefill
 
 PEER = "___prefill_addr_127.0.0.1:21001___decode_addr_127.0.0.1:22001_"

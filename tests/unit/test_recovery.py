@@ -8,7 +8,7 @@ import pytest
 
 from vllm_ascend_chunk.config.recovery_modes import COVER_CEILING, SELECT_RUNS, Recovery, recovery_of
 from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 

@@ -12,7 +12,7 @@ import torch
 
 from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
 from vllm_ascend_chunk.core.geometry import PoolGeometry
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend.keys import check_fits, check_num_docs, with_keys
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 

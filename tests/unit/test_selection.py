@@ -24,8 +24,8 @@ from tests.unit.test_coordinator import (
     coordinator,
     user_request,
 )
-from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.metrics import forget_delivered, stats_payload
 from vllm_ascend_chunk.scheduler.selection import (

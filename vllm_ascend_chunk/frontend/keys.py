@@ -19,7 +19,7 @@ from vllm_ascend_chunk.config.engine_settings import engine_settings, is_active,
 from vllm_ascend_chunk.config.settings import ChunkCacheConfig
 from vllm_ascend_chunk.config.variables import HASH_ALGORITHMS
 from vllm_ascend_chunk.core.geometry import PAGE_SIZE, PoolGeometry
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY

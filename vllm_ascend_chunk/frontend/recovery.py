@@ -25,7 +25,7 @@ from __future__ import annotations
 import msgspec
 
 from vllm_ascend_chunk.config.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 RECOVERY_KEY = "chunk_cache_recovery"

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from vllm_ascend_chunk.config.engine_settings import engine_settings, is_active
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError, ParsedPrompt, parser_for
 

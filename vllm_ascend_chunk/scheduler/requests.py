@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo
 from vllm_ascend_chunk.scheduler.manager import Entry
 from vllm_ascend_chunk.scheduler.selection import Selection
 

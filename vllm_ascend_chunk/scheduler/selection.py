@@ -41,7 +41,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 
 
 class Phase(enum.Enum):

@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo as ChunkCacheInfo
-from vllm_ascend_chunk.core.metadata import servable as servable
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo as ChunkCacheInfo
+from vllm_ascend_chunk.core.request_info import servable as servable
 
 
 def _hook(path: str) -> Callable[..., Any]:

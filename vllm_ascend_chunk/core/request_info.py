@@ -1,4 +1,5 @@
-"""Chunk metadata carried by a request from the frontend into the engine core.
+"""What a chunked request carries from the frontend into the engine core: its spans and its
+info (`ChunkCacheInfo`, the `chunk_cache` field of `EngineCoreRequest` and `Request`).
 
 Only lengths and keys travel: the token ids are already on the request
 (`SYS + C_1 + ... + C_n + Q`), so every span is derived from the lengths.
