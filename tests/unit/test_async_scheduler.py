@@ -191,7 +191,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
     scheduler.add_request(user)
     scores = [0.0] * 120
     scores[60] = scores[100] = 1.0  # in windows 58-76 and 94-112
-    pieces, shadows, dropped, in_flight, finished = [], [], [], deque(), []
+    pieces, batched, dropped, in_flight, finished = [], [], [], deque(), []
     for _ in range(60):
         out = scheduler.schedule()
         dropped += [r for r in out.finished_req_ids if r.startswith("q#")]
@@ -206,7 +206,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
                 assert new.block_ids == scheduler.kv_cache_manager.get_block_ids("q")
                 assert new.prompt_token_ids == ids and new.sampling_params.max_tokens == 1
                 shifts = chunk_step_metadata(out.kv_connector_metadata).position_shifts
-                shadows.append((len(pieces), new.num_computed_tokens, out.num_scheduled_tokens[new.req_id]))
+                batched.append((len(pieces), new.num_computed_tokens, out.num_scheduled_tokens[new.req_id]))
                 assert shifts[new.req_id] == 0 and out.num_common_prefix_blocks == [0]
         output = synthetic_output(out, scheduler, TOKEN)
         specs = chunk_step_metadata(out.kv_connector_metadata).scores
@@ -219,7 +219,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
         if finished:
             break
     assert pieces[:3] == [(125, 9), (63, 18), (125, 10)]
-    assert shadows == [(2, 99, 18)]  # in the step of the first run
+    assert batched == [(2, 99, 18)]  # in the step of the first run
     assert dropped == ["q#run99"] and "q#run99" not in scheduler.requests
     assert [p[1] for p in pieces[3:]] == [1, 1]  # then two decode steps
     assert [o.request_id for o in finished] == ["q"] and finished[0].new_token_ids == [TOKEN]

@@ -332,14 +332,14 @@ def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_e
 
 def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
     """With no `qattn`/`cover` request the scheduler's recovery calls return at once: nothing
-    capped, repositioned, run as a shadow row or scored; a selecting request turns them on until
+    capped, repositioned, computed as a batched run or scored; a selecting request turns them on until
     it finishes."""
     coord = coordinator(num_pages=16)
     plain = user_request("p", [b"d0", b"d1"], sys_len=2, question_len=3)
     coord.on_new_request(plain)
     assert not coord.recompute.active
     assert coord.recompute.token_cap(plain, 5, 0) == 5
-    assert coord.recompute.shadow_runs({"p": 5}, budget=100, rows=4) == []
+    assert coord.recompute.batched_runs({"p": 5}, budget=100, rows=4) == []
     coord.recompute.reposition([plain])
     assert plain.num_computed_tokens == 0 and coord.recompute.take_score_specs({"p": 5}) == {}
     nothing = qattn_request("n", question_len=1)  # a 1-token question: nothing is recomputed
@@ -354,7 +354,7 @@ def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
     assert not coord.recompute.active
 
 
-def test_a_shadow_run_has_its_own_position_shift(chunk_env):
+def test_a_batched_run_has_its_own_position_shift(chunk_env):
     """The run over C_3 computed as a row of its own, beside the request's piece over C_2's last
     token: each lowered by its own document's shift; the request then computes its question."""
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
@@ -372,9 +372,9 @@ def test_a_shadow_run_has_its_own_position_shift(chunk_env):
     coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores}))
     coord.recompute.reposition([request])
     assert request.num_computed_tokens == 8 and coord.recompute.token_cap(request, 100, 8) == 1
-    assert coord.recompute.shadow_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
-    (shadow,) = coord.recompute.shadow_runs({"q": 1}, budget=100, rows=4)
-    assert (shadow.request_id, shadow.parent, shadow.start, shadow.end) == ("q#run9", request, 9, 14)
+    assert coord.recompute.batched_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
+    (run,) = coord.recompute.batched_runs({"q": 1}, budget=100, rows=4)
+    assert (run.request_id, run.parent, run.start, run.end) == ("q#run9", request, 9, 14)
     meta = coord.build_connector_meta(FakeOutput({"q": 1, "q#run9": 5}))
     assert meta.position_shifts == {"q": 3, "q#run9": 7} and not meta.scores
     request.num_computed_tokens = 9

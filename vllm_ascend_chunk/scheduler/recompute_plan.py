@@ -24,9 +24,9 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 
 @dataclass(frozen=True)
-class ShadowRun:
+class BatchedRun:
     """A `qattn` run computed as a batch row of its own, beside its request's piece: the
-    request's tokens and blocks, computed from `start` to `end` (`RecomputePlanner.shadow_runs`),
+    request's tokens and blocks, computed from `start` to `end` (`RecomputePlanner.batched_runs`),
     its positions lowered by `shift`."""
 
     request_id: str
@@ -51,7 +51,7 @@ class RecomputePlanner:
         self.selecting: set[str] = set()
         """The requests with a selection (`attach`, until `detach`)."""
         self._shifts: dict[str, int] = {}
-        """The position shifts of the step's shadow runs (`take_shifts`)."""
+        """The position shifts of the step's batched runs (`take_shifts`)."""
 
     @property
     def active(self) -> bool:
@@ -77,7 +77,7 @@ class RecomputePlanner:
         return self.users.get(request_id) if request_id in self.selecting else None
 
     def take_shifts(self) -> dict[str, int]:
-        """The position shifts of the shadow runs handed out since the last step was built."""
+        """The position shifts of the batched runs handed out since the last step was built."""
         shifts, self._shifts = self._shifts, {}
         return shifts
 
@@ -115,22 +115,22 @@ class RecomputePlanner:
             return num_new_tokens
         return user.selection.cap(num_computed_tokens, num_new_tokens)
 
-    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
+    def batched_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[BatchedRun]:
         """After vLLM scheduled this step: the further runs of `qattn` requests that are computed
         in it as rows of their own (`Selection.take`), within `budget` tokens and `rows` rows."""
-        shadows = []
+        batched = []
         if not self.selecting:
-            return shadows
+            return batched
         for rid, num in list(num_scheduled_tokens.items()):
             if (user := self._selecting(rid)) is None:
                 continue
             for start, end in user.selection.take(user.request.num_computed_tokens + num, budget, rows):
                 shift = self.layout.shift_at(user.info, start)
-                shadows.append(ShadowRun(f"{rid}#run{start}", user.request, start, end, shift))
-                self._shifts[shadows[-1].request_id] = shift
+                batched.append(BatchedRun(f"{rid}#run{start}", user.request, start, end, shift))
+                self._shifts[batched[-1].request_id] = shift
                 self.stats.batched_runs += 1
                 budget, rows = budget - (end - start), rows - 1
-        return shadows
+        return batched
 
     def reposition(self, running: Sequence[Request]) -> None:
         """Start of a schedule: move running `qattn` requests to the span they compute next."""

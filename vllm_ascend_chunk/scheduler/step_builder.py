@@ -35,8 +35,8 @@ class StepBuilder:
         idle: bool = False,
     ) -> ChunkCacheStepMetadata:
         """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`
-        (by tier name), the position `shifts` of its scheduled chunk-path requests and shadow
-        runs, the `scores` to take, and whether the step computes nothing (`idle`)."""
+        (by tier name), the position `shifts` of its scheduled chunk-path requests and
+        batched runs, the `scores` to take, and whether the step computes nothing (`idle`)."""
         meta = self.meta
         meta.save_rows, meta.save_slots = saves.rows, saves.slots
         meta.tier_jobs = jobs
