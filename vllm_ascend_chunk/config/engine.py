@@ -80,7 +80,7 @@ def _layout_for(model, config: ChunkCacheConfig) -> str:
     for this engine. A layout the user set is kept: the worker refuses `sequential` on such a
     model with the reason (`ChunkCacheWorker.bind_model`)."""
     layout = config.layout
-    if LAYOUT_ENV in os.environ or (reason := _why_not_sequential(model)) is None:
+    if config.layout_set or (reason := _why_not_sequential(model)) is None:
         return layout
     logger.warning(
         "Chunk Cache uses the overlap layout for this model: %s, so cached keys cannot be moved to "

@@ -108,6 +108,8 @@ class ChunkCacheConfig:
     """`sequential` (the default, nearest full attention on every quality set: `docs/results/quality.md`)
     or `overlap`; unset, a model whose RoPE a rotation cannot move gets `overlap` for its engine
     (`config.engine`)."""
+    layout_set: bool = False
+    """Whether `VLLM_CHUNK_CACHE_LAYOUT` is set (then `config.engine` keeps `layout` for every model)."""
     recovery: Recovery = _default("recovery")
     """What of the document region a request computes with its question (`VLLM_CHUNK_CACHE_RECOVERY`)."""
     host_gb: float = _default("host_gb")
@@ -125,7 +127,12 @@ class ChunkCacheConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ChunkCacheConfig:
         """The configuration `env` (default: `os.environ`) sets."""
         env = os.environ if env is None else env
-        return cls(**{v.field: v.read(env) for v in SETTINGS}, remote_config=RemoteConfig.from_env(env))
+        (layout,) = (v for v in SETTINGS if v.field == "layout")
+        return cls(
+            **{v.field: v.read(env) for v in SETTINGS},
+            layout_set=layout.name in env,
+            remote_config=RemoteConfig.from_env(env),
+        )
 
     def pool_setting(self) -> str:
         """How the pool's size is chosen, in the words of the settings."""
