@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 SYS = "You are a careful assistant."
@@ -202,7 +202,7 @@ def test_a_document_with_no_tokens_is_dropped():
     """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
     from types import SimpleNamespace
 
-    from vllm_ascend_chunk.config.engine import CONNECTOR
+    from vllm_ascend_chunk.config.engine_settings import CONNECTOR
     from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY, tokenize_chunked
 
     class Tokenizer:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from tests.helpers.tier_steps import remote_tier
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
-from vllm_ascend_chunk.scheduler.requests import UserStatus
+from vllm_ascend_chunk.scheduler.requests import ChunkPathStatus
 from vllm_ascend_chunk.tiers.host.scheduler import HostTier
 
 
@@ -28,7 +28,7 @@ def check_bookkeeping(coord: ChunkCacheCoordinator, live_prefills: Mapping[str, 
     assert sorted(taken + manager.free_pages) == list(range(manager.num_pages))
     pins: dict[int, int] = {}
     for user in coord.users.values():
-        holds = user.status in (UserStatus.PLANNED, UserStatus.LOADING)
+        holds = user.status in (ChunkPathStatus.PLANNED, ChunkPathStatus.LOADING)
         assert (user.entries is not None) == holds
         for entry in {id(e): e for e in user.entries or []}.values():
             pins[id(entry)] = pins.get(id(entry), 0) + 1

@@ -365,20 +365,19 @@ def test_the_sequential_layout_refuses_a_model_without_a_vllm_rope(chunk_env):
     keys loaded without re-rotation: refused when the worker binds the model (start-up)."""
     from types import SimpleNamespace
 
-    from vllm_ascend_chunk.config.engine import LAYOUT_KEY
+    from vllm_ascend_chunk.config.settings import ChunkCacheConfig
     from vllm_ascend_chunk.worker.chunk_worker import ChunkCacheWorker
 
-    def worker(recorded: str | None = None) -> SimpleNamespace:
-        """A worker whose engine config records `recorded` as its layout (None: nothing recorded)."""
-        extra = {} if recorded is None else {LAYOUT_KEY: recorded}
-        kv = SimpleNamespace(kv_connector_extra_config=extra)
-        return SimpleNamespace(vllm_config=SimpleNamespace(kv_transfer_config=kv))
+    def worker(layout: str) -> SimpleNamespace:
+        """A worker whose engine's settings have `layout`."""
+        return SimpleNamespace(settings=ChunkCacheConfig(layout=layout))
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
     with pytest.raises(UnsupportedRopeError, match="no vLLM RoPE module") as info:
-        ChunkCacheWorker.bind_model(worker(), model)
+        ChunkCacheWorker.bind_model(worker("sequential"), model)
     assert "VLLM_CHUNK_CACHE_LAYOUT=overlap works with any model" in str(info.value)
     ChunkCacheWorker.bind_model(worker("overlap"), model)  # the engine's layout: nothing to rotate
-    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
-    ChunkCacheWorker.bind_model(worker(), model)
+    chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")  # the process's environment is not the engine's
+    with pytest.raises(UnsupportedRopeError, match="no vLLM RoPE module"):
+        ChunkCacheWorker.bind_model(worker("sequential"), model)

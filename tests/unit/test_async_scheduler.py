@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.coordinator_checks import check_bookkeeping, check_drained
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.scheduler.prefills import CHUNK_PREFILL_ID_PREFIX
 
 BLOCK = 16
@@ -47,7 +48,7 @@ def vllm_config(
 
 def make_scheduler(config, scheduler_cls=None):
     """A real `ChunkCacheAsyncScheduler` (or `scheduler_cls`) over one full-attention KV cache
-    group of `num_gpu_blocks` blocks (the chunk pool is sized by the current `get_config()`)."""
+    group of `num_gpu_blocks` blocks (the chunk pool is the one `config`'s settings record)."""
     import torch
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -97,7 +98,8 @@ def make_request(
 
     from vllm_ascend_chunk.frontend.keys import hash_fn, with_keys
 
-    info = None if spans is None else with_keys(spans, ids, ("tiny", "float32"), hash_fn())
+    hasher = hash_fn(get_config().hash_algorithm)
+    info = None if spans is None else with_keys(spans, ids, ("tiny", "float32"), hasher)
     return Request(
         request_id=rid,
         prompt_token_ids=ids,
@@ -175,7 +177,8 @@ def test_qattn_passes_under_async_scheduling(scheduler):
     spans = ChunkSpans(sys_len=5, chunk_lens=[40, 30, 50], question_len=10)  # region 5..124, N = 135
     ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
     # 0.3 of 120 = 36 tokens in 2 runs: windows of 18 from C_2 (offset 40) on.
-    info = with_keys(spans, ids, ("tiny", "float32"), hash_fn(), select=0.3, select_runs=2)
+    hasher = hash_fn(get_config().hash_algorithm)
+    info = with_keys(spans, ids, ("tiny", "float32"), hasher, fraction=0.3, runs=2)
     user = Request(
         request_id="q",
         prompt_token_ids=ids,
@@ -188,7 +191,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
     scheduler.add_request(user)
     scores = [0.0] * 120
     scores[60] = scores[100] = 1.0  # in windows 58-76 and 94-112
-    pieces, shadows, dropped, in_flight, finished = [], [], [], deque(), []
+    pieces, batched, dropped, in_flight, finished = [], [], [], deque(), []
     for _ in range(60):
         out = scheduler.schedule()
         dropped += [r for r in out.finished_req_ids if r.startswith("q#")]
@@ -203,7 +206,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
                 assert new.block_ids == scheduler.kv_cache_manager.get_block_ids("q")
                 assert new.prompt_token_ids == ids and new.sampling_params.max_tokens == 1
                 shifts = chunk_step_metadata(out.kv_connector_metadata).position_shifts
-                shadows.append((len(pieces), new.num_computed_tokens, out.num_scheduled_tokens[new.req_id]))
+                batched.append((len(pieces), new.num_computed_tokens, out.num_scheduled_tokens[new.req_id]))
                 assert shifts[new.req_id] == 0 and out.num_common_prefix_blocks == [0]
         output = synthetic_output(out, scheduler, TOKEN)
         specs = chunk_step_metadata(out.kv_connector_metadata).scores
@@ -216,7 +219,7 @@ def test_qattn_passes_under_async_scheduling(scheduler):
         if finished:
             break
     assert pieces[:3] == [(125, 9), (63, 18), (125, 10)]
-    assert shadows == [(2, 99, 18)]  # in the step of the first run
+    assert batched == [(2, 99, 18)]  # in the step of the first run
     assert dropped == ["q#run99"] and "q#run99" not in scheduler.requests
     assert [p[1] for p in pieces[3:]] == [1, 1]  # then two decode steps
     assert [o.request_id for o in finished] == ["q"] and finished[0].new_token_ids == [TOKEN]
@@ -246,17 +249,16 @@ Content = tuple
 def small_pool(request, monkeypatch, models_dir: Path):
     """The engine config, with `VLLM_CHUNK_CACHE_SIZE_GB` set so that the pool has POOL_PAGES,
     in each chunk layout (and scheduling policy)."""
-    from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape
-    from vllm_ascend_chunk.config.settings import get_config
+    from vllm_ascend_chunk.config.engine_settings import pool_geometry
+    from vllm_ascend_chunk.config.pool_size import pool_shape
 
     layout, policy = request.param
-    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)  # before the engine config records it
-    get_config.cache_clear()
-    config = vllm_config(models_dir, NUM_GPU_BLOCKS, policy)
-    page_bytes = pool_shape(config).page_bytes
+    page_bytes = pool_shape(vllm_config(models_dir, NUM_GPU_BLOCKS, policy)).page_bytes
+    monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)
     monkeypatch.setenv("VLLM_CHUNK_CACHE_SIZE_GB", str((POOL_PAGES + 0.5) * page_bytes / 2**30))
     monkeypatch.delenv("VLLM_CHUNK_CACHE_LRU_THRESHOLD", raising=False)
-    get_config.cache_clear()
+    get_config.cache_clear()  # before the engine config records its settings
+    config = vllm_config(models_dir, NUM_GPU_BLOCKS, policy)
     assert pool_geometry(config).num_pages == POOL_PAGES
     yield config
     get_config.cache_clear()
@@ -486,7 +488,7 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
     enough to evict, outputs applied one step behind: after every step the coordinator's
     bookkeeping holds and every load reads rows a prefill of the same document wrote; at the end
     every request got its tokens (or its abort) and the pool holds no pin and no pending entry."""
-    from vllm_ascend_chunk.config.settings import get_config
+    from vllm_ascend_chunk.config.engine_settings import engine_settings
 
     totals = random_runs(lambda: AsyncRun(make_scheduler(small_pool)), play, max_examples=40)
     reached = (
@@ -503,4 +505,4 @@ def test_random_async_sequences_keep_the_pool_consistent(small_pool):
     )
     for what in reached:
         assert totals[what] > 0, f"no {what} in {dict(totals)}"
-    assert (totals["sequential_load_steps"] > 0) == (get_config().layout == "sequential")
+    assert (totals["sequential_load_steps"] > 0) == (engine_settings(small_pool).layout == "sequential")

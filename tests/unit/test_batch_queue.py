@@ -111,16 +111,17 @@ def test_reset_with_a_last_token_in_flight(models_dir: Path, monkeypatch, layout
 @pytest.fixture(params=[(2, "overlap", "fcfs"), (3, "sequential", "priority")], ids=str)
 def pp_pool(request, monkeypatch, models_dir: Path):
     """(stages, engine config) with a pool of POOL_PAGES pages, per layout and policy."""
-    from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape
+    from vllm_ascend_chunk.config.engine_settings import pool_geometry
+    from vllm_ascend_chunk.config.pool_size import pool_shape
     from vllm_ascend_chunk.config.settings import get_config
 
     stages, layout, policy = request.param
-    config = pp_config(models_dir, stages, policy=policy)
-    page_bytes = pool_shape(config).page_bytes
+    page_bytes = pool_shape(pp_config(models_dir, stages, policy=policy)).page_bytes
     monkeypatch.setenv("VLLM_CHUNK_CACHE_SIZE_GB", str((POOL_PAGES + 0.5) * page_bytes / 2**30))
     monkeypatch.delenv("VLLM_CHUNK_CACHE_LRU_THRESHOLD", raising=False)
     monkeypatch.setenv("VLLM_CHUNK_CACHE_LAYOUT", layout)
-    get_config.cache_clear()
+    get_config.cache_clear()  # before the engine config records its settings
+    config = pp_config(models_dir, stages, policy=policy)
     assert pool_geometry(config).num_pages == POOL_PAGES
     yield stages, config
     get_config.cache_clear()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 
 BLOCK_SIZE = 16
 INFO = ChunkSpans(sys_len=5, chunk_lens=[20, 9], question_len=6)
@@ -61,11 +61,11 @@ def test_chunk_structure_and_salt_both_namespace_blocks():
 
 def test_a_qattn_request_shares_its_blocks_with_no_one():
     """Its blocks are rewritten while it runs, with what its own question chose."""
-    from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
+    from vllm_ascend_chunk.core.request_info import ChunkCacheInfo
 
     block_hashes = hasher("sha256_cbor")
     keys = {"sys_hash": b"s", "chunk_hashes": [b"a", b"b"]}
-    qattn = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys, select=0.2, select_runs=16)
+    qattn = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys, fraction=0.2, runs=16)
     plain = ChunkCacheInfo(**msgspec.structs.asdict(INFO), **keys)
     mine = block_hashes("q1", chunk_cache=qattn)
     assert mine == block_hashes("q1", chunk_cache=qattn)

@@ -5,7 +5,8 @@ import pytest
 
 from tests.helpers import REPO
 from vllm_ascend_chunk.config.recovery_modes import Recovery
-from vllm_ascend_chunk.config.settings import VARIABLES, ChunkCacheConfig, ChunkCacheConfigError, docs_table
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
+from vllm_ascend_chunk.config.variables import VARIABLES, ChunkCacheConfigError, docs_table
 
 
 def test_defaults_match_the_design():
@@ -49,10 +50,10 @@ def test_valid_values_are_parsed():
     on = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "LAST:3"})
     assert on.recovery == Recovery(docs=3) and "recovery=last:3" in on.describe()
     select = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "qattn:0.2/8"})
-    assert select.recovery == Recovery(select=0.2, runs=8) and "recovery=qattn:0.2/8" in select.describe()
+    assert select.recovery == Recovery(fraction=0.2, runs=8) and "recovery=qattn:0.2/8" in select.describe()
     cover = ChunkCacheConfig.from_env({"VLLM_CHUNK_CACHE_RECOVERY": "cover:0.9/0.15"})
     assert (
-        cover.recovery == Recovery(select=0.15, runs=16, cover=0.9)
+        cover.recovery == Recovery(fraction=0.15, runs=16, cover=0.9)
         and "recovery=cover:0.9/0.15" in cover.describe()
     )
     assert "pool=auto" in on.describe() and "pool=0.5 GiB" in ChunkCacheConfig(size_gb=0.5).describe()
@@ -173,7 +174,7 @@ def test_both_secret_variables_are_refused(tmp_path):
 def test_the_configuration_page_shows_the_configuration_table():
     """docs/user/configuration.md's table is `docs_table()`, whole (a blank line on each side):
     regenerate it with
-    `python -c "from vllm_ascend_chunk.config.settings import docs_table; print(docs_table())"`."""
+    `python -c "from vllm_ascend_chunk.config.variables import docs_table; print(docs_table())"`."""
     page = (REPO / "docs" / "user" / "configuration.md").read_text()
     assert f"\n\n{docs_table()}\n\n" in page
 

@@ -25,12 +25,12 @@ from tests.helpers.memory_tier import MemoryTier
 from tests.helpers.tier_steps import host_jobs, remote_jobs, remote_report, remote_tier, with_remote
 from vllm_ascend_chunk.config.settings import get_config
 from vllm_ascend_chunk.core.geometry import PoolGeometry
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
 from vllm_ascend_chunk.core.paging import pages_for, slot_of
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
-from vllm_ascend_chunk.scheduler.requests import UserStatus
+from vllm_ascend_chunk.scheduler.requests import ChunkPathStatus
 from vllm_ascend_chunk.tiers.mooncake.jobs import RemoteRead
 
 BLOCK = 4
@@ -135,8 +135,8 @@ def coordinator(
     return ChunkCacheCoordinator(
         geometry,
         BLOCK,
+        with_remote(get_config()) if has_remote else get_config(),
         priority_order=priority,
-        settings=with_remote(get_config()) if has_remote else None,
         ranks=ranks,
     )
 
@@ -190,12 +190,12 @@ def test_query_changes_nothing():
     prefills = coord.plan()
     assert coord.get_num_new_matched_tokens(req, 0) == (None, False)
     assert coord.get_num_new_matched_tokens(req, req.chunk_cache.question_start) == (0, False)
-    assert coord.users["r"].status is UserStatus.PLANNED
+    assert coord.users["r"].status is ChunkPathStatus.PLANNED
     assert all(e.pins == 1 for e in coord.users["r"].entries)
     run_prefills(coord, prefills)
     for _ in range(2):
         assert coord.get_num_new_matched_tokens(req, 4) == (req.chunk_cache.question_start - 4, False)
-    assert coord.users["r"].status is UserStatus.PLANNED and coord.manager.pinned_entries == 3
+    assert coord.users["r"].status is ChunkPathStatus.PLANNED and coord.manager.pinned_entries == 3
 
 
 def test_load_then_preemption_plans_again_without_counting_twice():
@@ -205,9 +205,9 @@ def test_load_then_preemption_plans_again_without_counting_twice():
     run_prefills(coord, coord.plan())
     meta = admit(coord, req)
     assert len(meta.load_rows) == req.chunk_cache.question_start
-    assert coord.users["r"].status is UserStatus.LOADED and coord.manager.pinned_entries == 0
+    assert coord.users["r"].status is ChunkPathStatus.LOADED and coord.manager.pinned_entries == 0
     coord.on_preempted(req)
-    assert coord.users["r"].status is UserStatus.WAITING
+    assert coord.users["r"].status is ChunkPathStatus.WAITING
     assert coord.plan() == [] and coord.users["r"].ready
     assert (coord.manager.stats.hits, coord.manager.stats.misses) == (0, 2)
 
@@ -233,7 +233,7 @@ def test_a_tier_the_coordinator_never_names_fills_what_it_has_and_what_it_fails_
     assert refill.entries == [d0] and not coord.manager.refills
     run_prefills(coord, [refill])
     meta = admit(coord, req)
-    assert len(meta.load_rows) == info.question_start and coord.users["r"].status is UserStatus.LOADED
+    assert len(meta.load_rows) == info.question_start and coord.users["r"].status is ChunkPathStatus.LOADED
     assert (memory.hits, memory.hit_tokens, memory.failures) == (0, 0, 1)  # SYS is no chunk
     check_drained(coord)
 
@@ -298,7 +298,7 @@ def test_a_request_loaded_elsewhere_falls_back_to_the_chunk_cache(how):
         coord.on_preempted(req)
     else:
         coord.serve_here(req)
-    assert not coord.is_external(req) and coord.users["r"].status is UserStatus.WAITING
+    assert not coord.is_external(req) and coord.users["r"].status is ChunkPathStatus.WAITING
     run_prefills(coord, coord.plan())
     meta = admit(coord, req)
     assert len(meta.load_rows) == req.chunk_cache.question_start
@@ -329,7 +329,7 @@ def test_prefix_cache_hit_of_the_whole_region_loads_nothing():
     coord.on_new_request(req)
     coord.plan()  # the chunk prefill is still running
     meta = admit(coord, req, local_hit=req.chunk_cache.question_start)
-    assert meta.load_rows == [] and coord.users["r"].status is UserStatus.LOADED
+    assert meta.load_rows == [] and coord.users["r"].status is ChunkPathStatus.LOADED
     assert coord.manager.pinned_entries == 0
 
 
@@ -360,7 +360,7 @@ def test_chunk_prefill_ended_without_output_is_planned_again():
     coord.on_new_request(req)
     (prefill,) = coord.plan()
     coord.request_finished(FakeRequest(prefill.request_id, prefill.token_ids, status="FINISHED_ABORTED"))
-    assert coord.users["r"].status is UserStatus.WAITING and coord.manager.entries == {}
+    assert coord.users["r"].status is ChunkPathStatus.WAITING and coord.manager.entries == {}
     (again,) = coord.plan()
     assert again.token_ids == prefill.token_ids
 
@@ -389,7 +389,7 @@ def test_reset_unplans_requests_pinned_on_resident_entries():
     coord.on_new_request(waiting)
     assert coord.plan() == [] and coord.users["r"].ready
     coord.reset()
-    assert coord.users["r"].status is UserStatus.WAITING and coord.manager.used_pages == 0
+    assert coord.users["r"].status is ChunkPathStatus.WAITING and coord.manager.used_pages == 0
     assert len(coord.plan()) == 1  # computed again: nothing from before the reset is loaded
 
 
@@ -406,11 +406,11 @@ def test_blocked_request_does_not_block_a_fully_cached_one_behind_it():
     for req in (big, cached):
         coord.on_new_request(req)
     assert coord.plan() == []
-    assert coord.users["big"].status is UserStatus.WAITING and coord.users["c"].ready
+    assert coord.users["big"].status is ChunkPathStatus.WAITING and coord.users["c"].ready
     late = user_request("late", [b"d4"])  # needs a new page: waits behind the blocked head
     coord.on_new_request(late)
     coord.plan()
-    assert coord.users["late"].status is UserStatus.WAITING
+    assert coord.users["late"].status is ChunkPathStatus.WAITING
 
 
 def test_blocked_head_is_not_starved_by_pins_behind_it():
@@ -426,13 +426,13 @@ def test_blocked_head_is_not_starved_by_pins_behind_it():
     for req in (ahead, head, behind):
         coord.on_new_request(req)
     coord.plan()
-    assert coord.users["head"].status is UserStatus.WAITING and coord.users["behind"].ready
+    assert coord.users["head"].status is ChunkPathStatus.WAITING and coord.users["behind"].ready
     admit(coord, ahead)  # `behind` is not admitted this step (say, no token budget left)
     # At the next plan the pins of `behind` go first: the head evicts what it needs, and
     # `behind` waits for its documents again, behind the head.
     prefills = coord.plan()
-    assert coord.users["head"].status is UserStatus.PLANNED and len(prefills) == 1
-    assert coord.users["behind"].status is UserStatus.WAITING
+    assert coord.users["head"].status is ChunkPathStatus.PLANNED and len(prefills) == 1
+    assert coord.users["behind"].status is ChunkPathStatus.WAITING
     run_prefills(coord, holder_prefills + prefills)
 
 
@@ -443,8 +443,8 @@ def test_priority_order_plans_the_higher_priority_request_first():
     for req in (low, high):
         coord.on_new_request(req)
     prefills = coord.plan()
-    assert coord.users["high"].status is UserStatus.PLANNED
-    assert coord.users["low"].status is UserStatus.WAITING and len(prefills) == 1
+    assert coord.users["high"].status is ChunkPathStatus.PLANNED
+    assert coord.users["low"].status is ChunkPathStatus.WAITING and len(prefills) == 1
 
 
 def test_a_read_ends_when_every_rank_has_reported_it_in_whatever_step():
@@ -731,7 +731,7 @@ test_coordinator_random_operations = CoordinatorMachine.TestCase
 
 @pytest.fixture(autouse=True)
 def _default_config(monkeypatch):
-    """The coordinator reads the layout and LRU threshold from the environment: use defaults."""
+    """The coordinators here get the environment's settings (layout, LRU threshold): the defaults."""
     from vllm_ascend_chunk.config.settings import get_config
 
     for name in ("VLLM_CHUNK_CACHE_LAYOUT", "VLLM_CHUNK_CACHE_LRU_THRESHOLD"):

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_ascend_chunk.config import engine as engine_config
+from vllm_ascend_chunk.config.engine_settings import SETTINGS_KEY, engine_settings
 from vllm_ascend_chunk.config.settings import get_config
 
 COMMON = {
@@ -236,8 +237,12 @@ CHUNK_CHILD = {
     "kv_connector": "ChunkCacheConnector",
     "kv_connector_module_path": "vllm_ascend_chunk.vllm_adapter.connector",
     "kv_role": "kv_both",
-    "kv_connector_extra_config": {"chunk_cache_layout": "sequential"},  # the engine's layout
 }
+
+
+def recorded_child(vllm_config) -> dict:
+    """The chunk cache's child config as `configure` leaves it: with the engine's settings."""
+    return {**CHUNK_CHILD, "kv_connector_extra_config": {SETTINGS_KEY: engine_settings(vllm_config)}}
 
 
 def multi(*children: dict) -> dict:
@@ -257,7 +262,7 @@ def test_a_multi_connector_gets_the_chunk_cache_as_its_first_child(models_dir):
     kv = vllm_config.kv_transfer_config
     assert engine_config.is_active(vllm_config)
     assert KVConnectorFactory.get_connector_class(kv) is ChunkCacheMultiConnector
-    assert kv.kv_connector_extra_config["connectors"] == [CHUNK_CHILD, OFFLOADING, MOONCAKE]
+    assert kv.kv_connector_extra_config["connectors"] == [recorded_child(vllm_config), OFFLOADING, MOONCAKE]
     assert engine_config._with_chunk_connector(kv) is kv  # configured once, whatever re-runs it
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False  # all SupportsHMA
 
@@ -268,7 +273,7 @@ def test_a_single_connector_is_wrapped_with_all_its_settings(models_dir):
     )
     kv = vllm_config.kv_transfer_config
     chunk_child, offloading = kv.kv_connector_extra_config["connectors"]
-    assert (kv.kv_connector, chunk_child) == ("ChunkCacheMultiConnector", CHUNK_CHILD)
+    assert (kv.kv_connector, chunk_child) == ("ChunkCacheMultiConnector", recorded_child(vllm_config))
     assert offloading == {**offloading, **OFFLOADING, "kv_port": 4242}
     assert "engine_id" not in offloading  # MultiConnector gives every child the engine's
 
@@ -318,7 +323,10 @@ def test_a_wrapped_connector_keeps_its_settings_in_the_engine_config(models_dir)
 
 def test_the_chunk_cache_listed_by_the_user_moves_first(models_dir):
     vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=multi(MOONCAKE, CHUNK_CHILD))
-    assert vllm_config.kv_transfer_config.kv_connector_extra_config["connectors"] == [CHUNK_CHILD, MOONCAKE]
+    assert vllm_config.kv_transfer_config.kv_connector_extra_config["connectors"] == [
+        recorded_child(vllm_config),
+        MOONCAKE,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -334,7 +342,7 @@ def test_disaggregated_prefill_keeps_the_users_roles(models_dir, kv):
     vllm_config = engine_config_of(models_dir / "tiny-llama", kv_transfer_config=kv)
     got = vllm_config.kv_transfer_config
     children = got.kv_connector_extra_config["connectors"]
-    assert got.kv_connector == "ChunkCacheMultiConnector" and children[0] == CHUNK_CHILD
+    assert got.kv_connector == "ChunkCacheMultiConnector" and children[0] == recorded_child(vllm_config)
     users = kv.get("kv_connector_extra_config", {}).get("connectors", [kv])
     assert [(c["kv_connector"], c["kv_role"]) for c in children[1:]] == [
         (c["kv_connector"], c["kv_role"]) for c in users
@@ -356,7 +364,7 @@ def test_recomputing_failed_loads_is_refused_next_to_a_loading_connector(models_
 def test_the_default_layout_is_sequential(models_dir, chunk_env, chunk_warnings):
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT=None)
     vllm_config = engine_config_of(models_dir / "tiny-llama3")  # Llama3 rope scaling: a rotation moves it
-    assert engine_config.engine_settings(vllm_config).layout == "sequential"
+    assert engine_settings(vllm_config).layout == "sequential"
     assert not [m for m in chunk_warnings if "layout" in m]
 
 
@@ -379,8 +387,8 @@ def test_an_unset_layout_is_overlap_for_a_rope_a_rotation_cannot_move(
     vllm_config = engine_config_of(model)
     # The engine's config carries it to the engine core and the workers (the child config too,
     # under ChunkCacheMultiConnector); the process's settings and environment are left alone.
-    assert engine_config.engine_settings(vllm_config).layout == "overlap"
-    assert vllm_config.kv_transfer_config.kv_connector_extra_config[engine_config.LAYOUT_KEY] == "overlap"
+    assert engine_settings(vllm_config).layout == "overlap"
+    assert vllm_config.kv_transfer_config.kv_connector_extra_config[SETTINGS_KEY].layout == "overlap"
     assert get_config().layout == "sequential" and "VLLM_CHUNK_CACHE_LAYOUT" not in os.environ
     assert [m for m in chunk_warnings if "overlap layout" in m] == [
         "Chunk Cache uses the overlap layout for this model: RoPE type longrope is not linear in "
@@ -389,23 +397,21 @@ def test_an_unset_layout_is_overlap_for_a_rope_a_rotation_cannot_move(
     ]
     # The decision is this engine's: the next engine of the process, on a model a rotation
     # moves, keeps the default.
-    assert engine_config.engine_settings(engine_config_of(models_dir / "tiny-llama3")).layout == "sequential"
+    assert engine_settings(engine_config_of(models_dir / "tiny-llama3")).layout == "sequential"
     next_to_another = engine_config_of(model, kv_transfer_config=multi(OFFLOADING))
     (chunk_child,) = [
         c
         for c in next_to_another.kv_transfer_config.kv_connector_extra_config["connectors"]
         if c["kv_connector"] == engine_config.CONNECTOR
     ]
-    assert chunk_child["kv_connector_extra_config"][engine_config.LAYOUT_KEY] == "overlap"
+    assert chunk_child["kv_connector_extra_config"][SETTINGS_KEY].layout == "overlap"
 
 
 def test_a_layout_the_user_set_is_kept(tmp_path, models_dir, chunk_env, chunk_warnings):
     """The worker refuses `sequential` on such a model at start-up, with the reason (test_rotary)."""
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="sequential")
     model = write_model(tmp_path / "longrope", models_dir / "tiny-llama", {**LLAMA, **LONGROPE})
-    assert (
-        engine_config.engine_settings(engine_config_of(model)).layout == "sequential" and not chunk_warnings
-    )
+    assert engine_settings(engine_config_of(model)).layout == "sequential" and not chunk_warnings
 
 
 def test_why_not_sequential_names_each_kind_of_model():
@@ -444,7 +450,8 @@ def test_speculation_with_draft_layers_is_refused(models_dir, method):
 def test_each_pipeline_stage_keeps_the_pool_of_its_own_layers(tmp_path, models_dir):
     """A 3-layer model in two stages (vLLM splits it 2 + 1): the engine's page is sized for the
     widest stage, each worker's pool holds its stage's layers, in the same rows."""
-    from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape, stage_geometry
+    from vllm_ascend_chunk.config.engine_settings import pool_geometry
+    from vllm_ascend_chunk.config.pool_size import pool_shape, stage_geometry
 
     model = write_model(tmp_path / "three", models_dir / "tiny-llama", {**LLAMA, "num_hidden_layers": 3})
     vllm_config = engine_config_of(model, pipeline_parallel_size=2, distributed_executor_backend="mp")

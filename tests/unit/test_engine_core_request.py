@@ -11,7 +11,7 @@ def test_engine_core_request_round_trips_chunk_metadata():
     from vllm.v1.engine import EngineCoreRequest
     from vllm.v1.request import Request
 
-    from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
+    from vllm_ascend_chunk.core.request_info import ChunkCacheInfo
 
     info = ChunkCacheInfo(
         sys_len=3, chunk_lens=[2, 4], question_len=3, sys_hash=b"s", chunk_hashes=[b"a", b"b"]

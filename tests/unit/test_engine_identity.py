@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.test_engine_config import engine_config_of
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend.keys import engine_identity, hash_fn, with_keys
 
 LORA = SimpleNamespace(lora_name="adapter", lora_int_id=1, lora_path="/adapters/a")
@@ -18,7 +19,12 @@ LORA = SimpleNamespace(lora_name="adapter", lora_int_id=1, lora_path="/adapters/
 
 def keys(vllm_config, lora=None, salt=None) -> tuple[bytes, bytes]:
     spans = ChunkSpans(sys_len=2, chunk_lens=[3], question_len=1)
-    info = with_keys(spans, [5, 6, 7, 8, 9, 10], engine_identity(vllm_config, lora, salt), hash_fn())
+    info = with_keys(
+        spans,
+        [5, 6, 7, 8, 9, 10],
+        engine_identity(vllm_config, lora, salt),
+        hash_fn(get_config().hash_algorithm),
+    )
     return info.sys_hash, info.chunk_hashes[0]
 
 

@@ -41,7 +41,7 @@ def test_a_copy_gets_whole_pages_and_one_row_per_token_in_order() -> None:
     assert len(rows) == 6 and len(set(rows)) == 6
     assert rows == [entry.pages[t // PAGE] * PAGE + t % PAGE for t in range(6)]
     assert index.usage_ratio == 0.5
-    assert index.read(b"a") is entry
+    assert index.hold(b"a") is entry
     check_pages(index)
 
 
@@ -56,7 +56,7 @@ def test_copies_never_share_a_page() -> None:
 
 def test_absent_keys() -> None:
     index = filled(b"a")
-    assert index.read(b"x") is None and not index.touch(b"x")
+    assert index.hold(b"x") is None and not index.touch(b"x")
     assert b"x" not in index.busy  # a miss does not hold anything for the step
     assert index.touch(b"a") and b"a" not in index.busy  # touch refreshes, does not hold
 
@@ -70,13 +70,15 @@ def test_a_full_tier_evicts_the_least_recently_used_copy() -> None:
     check_pages(index)
 
 
-@pytest.mark.parametrize("refresh", ["read", "touch"])
-def test_read_and_touch_make_a_copy_most_recently_used(refresh: str) -> None:
+@pytest.mark.parametrize("refresh, evicted", [("touch", b"b"), ("hold", b"a")])
+def test_touch_makes_a_copy_most_recently_used_and_hold_leaves_its_place(
+    refresh: str, evicted: bytes
+) -> None:
     index = filled(b"abcd")
     getattr(index, refresh)(b"a")
     index.end_step()
     assert index.store(b"e", PAGE) is not None
-    assert b"a" in index.entries and b"b" not in index.entries
+    assert evicted not in index.entries and len(index.entries) == 4
 
 
 def test_eviction_takes_as_many_copies_as_needed_and_no_more() -> None:
@@ -90,11 +92,9 @@ def test_eviction_takes_as_many_copies_as_needed_and_no_more() -> None:
     check_pages(index)
 
 
-def test_copies_read_this_step_are_not_evicted_in_it() -> None:
+def test_copies_held_this_step_are_not_evicted_in_it() -> None:
     index = filled(b"abcd")
-    assert index.read(b"a") is not None
-    for key in b"bcd":
-        index.touch(bytes([key]))  # a is least recently used again, but busy
+    assert index.hold(b"a") is not None  # a stays least recently used, but busy
     assert index.store(b"e", PAGE) is not None
     assert b"a" in index.entries and b"b" not in index.entries
     index.end_step()
@@ -116,8 +116,8 @@ def test_copies_stored_this_step_are_not_overwritten_in_it() -> None:
 
 def test_a_store_that_cannot_be_placed_changes_nothing() -> None:
     index = filled(b"abcd")
-    index.read(b"a")
-    index.read(b"b")
+    index.hold(b"a")
+    index.hold(b"b")
     before = (list(index.entries), list(index.free_pages), index.evictions)
     assert index.store(b"e", 3 * PAGE) is None  # c and d free only two pages: neither evicted
     assert (list(index.entries), list(index.free_pages), index.evictions) == before
@@ -134,26 +134,26 @@ def test_a_copy_larger_than_the_tier_is_refused() -> None:
 def test_a_tier_without_pages() -> None:
     index = make(0)
     assert index.usage_ratio == 0.0
-    assert index.store(b"a", 1) is None and index.read(b"a") is None
+    assert index.store(b"a", 1) is None and index.hold(b"a") is None
 
 
 def test_clear_frees_idle_copies_at_once() -> None:
     index = filled(b"abc")
     index.clear()
     assert not index.entries and not index.retired and len(index.free_pages) == 4
-    assert index.read(b"a") is None
+    assert index.hold(b"a") is None
     assert index.evictions == 0  # a reset is not an eviction
 
 
 def test_clear_keeps_busy_pages_taken_until_the_step_is_sent() -> None:
     index = filled(b"abc")
-    read = index.read(b"a")
+    held = index.hold(b"a")
     stored = index.store(b"d", PAGE)
     index.clear()
     # Gone for lookups at once...
-    assert not index.entries and index.read(b"a") is None and not index.touch(b"d")
+    assert not index.entries and index.hold(b"a") is None and not index.touch(b"d")
     # ...but the step's copies still read and write their pages: no new copy gets them.
-    busy_pages = set(read.pages) | set(stored.pages)
+    busy_pages = set(held.pages) | set(stored.pages)
     assert {p for e in index.retired for p in e.pages} == busy_pages
     check_pages(index)
     again = index.store(b"a", 2 * PAGE)
@@ -167,7 +167,7 @@ def test_clear_keeps_busy_pages_taken_until_the_step_is_sent() -> None:
 
 def test_repeated_clears_and_step_ends_free_each_page_once() -> None:
     index = filled(b"ab")
-    index.read(b"a")
+    index.hold(b"a")
     index.clear()
     index.clear()
     index.end_step()
@@ -185,7 +185,7 @@ def test_rows_of_an_entry_built_by_hand() -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_operations_against_a_reference_model(seed: int) -> None:
-    """Any sequence of reads, touches, stores, resets and step ends: pages partition the tier;
+    """Any sequence of holds, touches, stores, resets and step ends: pages partition the tier;
     each store evicts exactly the least recently used idle copies it needs, or refuses and
     changes nothing; no page is handed out twice in one step while a copy reads or writes it."""
     rng = random.Random(seed)
@@ -196,14 +196,12 @@ def test_random_operations_against_a_reference_model(seed: int) -> None:
     step_pages: set[int] = set()  # pages read or written in the step being built
     keys = [b"k%d" % i for i in range(10)]
     for _ in range(300):
-        op = rng.choice(["read", "touch", "store", "store", "end_step", "clear"])
+        op = rng.choice(["hold", "touch", "store", "store", "end_step", "clear"])
         key = rng.choice(keys)
-        if op == "read":
-            entry = index.read(key)
+        if op == "hold":
+            entry = index.hold(key)
             assert (entry is not None) == (key in order)
             if entry is not None:
-                order.remove(key)
-                order.append(key)
                 busy.add(key)
                 step_pages |= set(entry.pages)
         elif op == "touch":

@@ -2,9 +2,10 @@
 
 import pytest
 
-from vllm_ascend_chunk.config.settings import ChunkCacheConfig, ChunkCacheConfigError
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
+from vllm_ascend_chunk.config.variables import ChunkCacheConfigError
 from vllm_ascend_chunk.core.layouts import LAYOUTS
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 
 SPANS = ChunkSpans(sys_len=2, chunk_lens=[3, 5, 1], question_len=2)
 

@@ -196,6 +196,24 @@ def test_a_host_copy_read_in_the_step_being_built_is_not_replaced_before_it_is_s
     assert host.entries.keys() == {b"c"} and m.stats.host_evictions == 1
 
 
+def test_an_acquire_the_pool_cannot_take_leaves_the_host_lru_order_and_reads_only_a_hit():
+    """A failed acquire changes no LRU order: it only holds the copies it would read for the step
+    being built; the copy a new entry is filled from becomes the most recently used."""
+    m, host = with_host(1, host_pages=2)
+    for key in (b"a", b"b", b"c"):
+        resident(m, key)  # a, then b → host
+    m.take_jobs()
+    assert list(host.entries) == [b"a", b"b"]
+    pinned = m.acquire([(b"c", 4)], chunk_keys={b"c"})  # c stays in the pool's only page
+    assert m.acquire([(b"a", 4)], chunk_keys={b"a"}) is None
+    assert list(host.entries) == [b"a", b"b"] and b"a" in host.busy  # held, not refreshed
+    m.release(pinned.entries)
+    m.take_jobs()
+    got = m.acquire([(b"a", 4)], chunk_keys={b"a"})  # c → host evicts b, not a: a is read
+    assert got is not None and got.entries[0].resident
+    assert list(host.entries) == [b"c", b"a"]
+
+
 def test_one_step_never_writes_the_same_host_rows_twice():
     # Pool of 2 pages, host of 1: a and b leave the pool in one step. b may not replace the copy of
     # a written in that step (one index_copy_ with the same rows twice has no defined winner).

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_ascend_chunk.config.engine import CONNECTOR, CONNECTOR_MODULE
+from vllm_ascend_chunk.config.engine import CONNECTOR_MODULE
+from vllm_ascend_chunk.config.engine_settings import CONNECTOR
 from vllm_ascend_chunk.metrics import ChunkCacheConnectorStats, stats_payload
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 from vllm_ascend_chunk.vllm_adapter import plugin

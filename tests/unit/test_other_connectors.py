@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_async_scheduler import BLOCK, TOKEN, make_scheduler, synthetic_output
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.scheduler.prefills import is_chunk_prefill
 
 PEER = "___prefill_addr_127.0.0.1:21001___decode_addr_127.0.0.1:22001_"
@@ -54,9 +55,11 @@ def request(scheduler, kind: str):
     docs = [40, 30, 50] if kind != "last" else [40, 30]  # `last:1`: the third joined the question
     spans = ChunkSpans(sys_len=5, chunk_lens=docs, question_len=10 if kind != "last" else 60)
     ids = [(7 * i) % 1000 + 1 for i in range(spans.num_tokens)]
-    select = {"select": 0.3, "select_runs": 2} if kind == "qattn" else {}
+    select = {"fraction": 0.3, "runs": 2} if kind == "qattn" else {}
     recovered = 1 if kind == "last" else 0
-    info = with_keys(spans, ids, ("tiny", "float32"), hash_fn(), recovered=recovered, **select)
+    info = with_keys(
+        spans, ids, ("tiny", "float32"), hash_fn(get_config().hash_algorithm), recovered=recovered, **select
+    )
     return Request(
         request_id=f"cmpl-{PEER}{kind}",
         prompt_token_ids=ids if kind != "ordinary" else ids[:50],

@@ -11,7 +11,8 @@ import pytest
 
 from tests.unit.test_engine_config import OFFLOADING, engine_config_of, multi
 from vllm_ascend_chunk.config import engine as engine_config
-from vllm_ascend_chunk.config.pool_size import pool_geometry, pool_shape
+from vllm_ascend_chunk.config.engine_settings import pool_geometry
+from vllm_ascend_chunk.config.pool_size import pool_shape
 from vllm_ascend_chunk.core.geometry import auto_pool_bytes
 
 MiB, GiB = 2**20, 2**30

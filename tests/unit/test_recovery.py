@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from vllm_ascend_chunk.config.recovery_modes import COVER_CEILING, SELECT_RUNS, Recovery, recovery_of
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.config.settings import get_config
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
@@ -23,7 +24,7 @@ def server_mode(chunk_env):
 
 
 def requested(params) -> Recovery:
-    return recovery.requested_recovery(params)
+    return recovery.requested_recovery(params, get_config().recovery)
 
 
 def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
@@ -34,16 +35,16 @@ def test_the_server_mode_applies_unless_the_request_names_one(server_mode):
     assert requested(None) == Recovery(docs=1)
     assert requested(Params({"chunk_cache_recovery": " None "})) == Recovery()
     server_mode("qattn:0.2")
-    assert requested(Params()) == Recovery(select=0.2, runs=SELECT_RUNS)
+    assert requested(Params()) == Recovery(fraction=0.2, runs=SELECT_RUNS)
     assert requested(Params({"chunk_cache_recovery": "last"})) == Recovery(docs=1)
     assert requested(Params({"chunk_cache_recovery": "last:2"})) == Recovery(docs=2)
-    assert requested(Params({"chunk_cache_recovery": "QATTN:0.15/4"})) == Recovery(select=0.15, runs=4)
-    assert requested(Params({"chunk_cache_recovery": "qattn:1"})) == Recovery(select=1.0, runs=SELECT_RUNS)
+    assert requested(Params({"chunk_cache_recovery": "QATTN:0.15/4"})) == Recovery(fraction=0.15, runs=4)
+    assert requested(Params({"chunk_cache_recovery": "qattn:1"})) == Recovery(fraction=1.0, runs=SELECT_RUNS)
     server_mode("cover:0.8")
-    assert requested(Params()) == Recovery(select=COVER_CEILING, runs=SELECT_RUNS, cover=0.8)
-    cover = Recovery(select=0.3, runs=SELECT_RUNS, cover=0.9, floor=0.05)
+    assert requested(Params()) == Recovery(fraction=COVER_CEILING, runs=SELECT_RUNS, cover=0.8)
+    cover = Recovery(fraction=0.3, runs=SELECT_RUNS, cover=0.9, floor=0.05)
     assert requested(Params({"chunk_cache_recovery": "Cover:0.9/0.3/0.05"})) == cover
-    assert requested(Params({"chunk_cache_recovery": "cover:1/0"})).select == 0.0  # no ceiling: C_1 or all
+    assert requested(Params({"chunk_cache_recovery": "cover:1/0"})).fraction == 0.0  # no ceiling: C_1 or all
 
 
 def test_mode_names_round_trip():

@@ -24,8 +24,8 @@ from tests.unit.test_coordinator import (
     coordinator,
     user_request,
 )
-from vllm_ascend_chunk.core.metadata import ChunkSpans
 from vllm_ascend_chunk.core.paging import slot_of
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.core.step import ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.metrics import forget_delivered, stats_payload
 from vllm_ascend_chunk.scheduler.selection import (
@@ -111,7 +111,7 @@ def test_nothing_to_recompute():
 
 def test_the_passes_of_one_request():
     sel = Selection.for_spans(SPANS, 0.3, 2)  # count round(4.5) = 4, windows of 2
-    assert (sel.count, sel.first, sel.score_end) == (4, 4, 21)
+    assert (sel.count, sel.select_from, sel.score_end) == (4, 4, 21)
     assert sel.cap(18, 100) == 3 and sel.cap(18, 2) == 2  # scoring stops before the last token
     assert sel.record_scheduled(18, 2) and sel.phase is Phase.SCORING  # a chunked-prefill piece
     assert sel.record_scheduled(20, 1) and sel.phase is Phase.AWAITING and sel.cap(21, 1) == 0
@@ -206,9 +206,7 @@ def test_restart_after_preemption():
 def qattn_request(rid: str, mode: str = "0.5/2", question_len: int = 3, cover: float = 0.0):
     request = user_request(rid, [b"d0", b"d1", b"d2"], sys_len=2, question_len=question_len)  # 2 + 3+4+5 + Q
     fraction, runs = mode.split("/")
-    info = msgspec.structs.replace(
-        request.chunk_cache, select=float(fraction), select_runs=int(runs), cover=cover
-    )
+    info = msgspec.structs.replace(request.chunk_cache, fraction=float(fraction), runs=int(runs), cover=cover)
     request.chunk_cache = info
     return request
 
@@ -237,7 +235,7 @@ def test_the_coordinator_drives_the_passes():
     out = FakeOutput(num_scheduled_tokens={"q": 2}, scheduled_new_reqs=[FakeNewRequest("q", (blocks.ids,))])
     meta = coord.build_connector_meta(out)
     spec = meta.scores["q"]
-    assert (spec.first, spec.region) == (14, (2, 14))
+    assert (spec.piece_start, spec.region) == (14, (2, 14))
     assert spec.key_slots == [slot_of(blocks.ids, 4, t) for t in range(16)]
     request.num_computed_tokens = 16
     coord.recompute.reposition([request])
@@ -334,14 +332,14 @@ def test_in_overlap_a_run_is_cut_at_each_document_and_shifted_by_its_own(chunk_e
 
 def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
     """With no `qattn`/`cover` request the scheduler's recovery calls return at once: nothing
-    capped, repositioned, run as a shadow row or scored; a selecting request turns them on until
+    capped, repositioned, computed as a batched run or scored; a selecting request turns them on until
     it finishes."""
     coord = coordinator(num_pages=16)
     plain = user_request("p", [b"d0", b"d1"], sys_len=2, question_len=3)
     coord.on_new_request(plain)
     assert not coord.recompute.active
     assert coord.recompute.token_cap(plain, 5, 0) == 5
-    assert coord.recompute.shadow_runs({"p": 5}, budget=100, rows=4) == []
+    assert coord.recompute.batched_runs({"p": 5}, budget=100, rows=4) == []
     coord.recompute.reposition([plain])
     assert plain.num_computed_tokens == 0 and coord.recompute.take_score_specs({"p": 5}) == {}
     nothing = qattn_request("n", question_len=1)  # a 1-token question: nothing is recomputed
@@ -356,7 +354,7 @@ def test_the_recovery_path_is_idle_unless_a_request_selects(chunk_env):
     assert not coord.recompute.active
 
 
-def test_a_shadow_run_has_its_own_position_shift(chunk_env):
+def test_a_batched_run_has_its_own_position_shift(chunk_env):
     """The run over C_3 computed as a row of its own, beside the request's piece over C_2's last
     token: each lowered by its own document's shift; the request then computes its question."""
     chunk_env(VLLM_CHUNK_CACHE_LAYOUT="overlap")
@@ -374,9 +372,9 @@ def test_a_shadow_run_has_its_own_position_shift(chunk_env):
     coord.update_connector_output(ChunkCacheWorkerMetadata(scores={"q": scores}))
     coord.recompute.reposition([request])
     assert request.num_computed_tokens == 8 and coord.recompute.token_cap(request, 100, 8) == 1
-    assert coord.recompute.shadow_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
-    (shadow,) = coord.recompute.shadow_runs({"q": 1}, budget=100, rows=4)
-    assert (shadow.request_id, shadow.parent, shadow.start, shadow.end) == ("q#run9", request, 9, 14)
+    assert coord.recompute.batched_runs({"q": 1}, budget=4, rows=4) == []  # 5 tokens do not fit
+    (run,) = coord.recompute.batched_runs({"q": 1}, budget=100, rows=4)
+    assert (run.request_id, run.parent, run.start, run.end) == ("q#run9", request, 9, 14)
     meta = coord.build_connector_meta(FakeOutput({"q": 1, "q#run9": 5}))
     assert meta.position_shifts == {"q": 3, "q#run9": 7} and not meta.scores
     request.num_computed_tokens = 9
@@ -391,16 +389,16 @@ def test_region_weights_are_each_query_s_softmax_summed(heads, kv_heads, block):
     """Whatever the block of keys scored at a time (the blocks need not align with the region;
     64 and the default hold every key: one softmax)."""
     torch.manual_seed(0)
-    first, n, dim = 7, 5, 8
-    query, keys = torch.randn(n, heads, dim), torch.randn(first + n, kv_heads, dim)
+    piece_start, n, dim = 7, 5, 8
+    query, keys = torch.randn(n, heads, dim), torch.randn(piece_start + n, kv_heads, dim)
     region = (2, 9)
     want = torch.zeros(region[1] - region[0])
     for i in range(n):
         for h in range(heads):
-            k = keys[: first + i + 1, h // (heads // kv_heads)]
+            k = keys[: piece_start + i + 1, h // (heads // kv_heads)]
             weights = torch.softmax(k @ query[i, h] * 0.3, dim=0)
-            want += torch.nn.functional.pad(weights, (0, first + n))[region[0] : region[1]]
-    got = region_weights(query, lambda lo, hi: keys[lo:hi], first, region, 0.3, block)
+            want += torch.nn.functional.pad(weights, (0, piece_start + n))[region[0] : region[1]]
+    got = region_weights(query, lambda lo, hi: keys[lo:hi], piece_start, region, 0.3, block)
     torch.testing.assert_close(got, want)
 
 
@@ -414,15 +412,15 @@ def test_region_weights_read_bounded_blocks_of_a_32k_prompt():
         import resource, torch
         from vllm_ascend_chunk.worker.scoring import key_block, region_weights
         torch.manual_seed(0)
-        first, n, heads, kv_heads, dim = 32768, 64, 32, 8, 128
-        keys = torch.randn(first + n, kv_heads, dim, dtype=torch.bfloat16)
+        piece_start, n, heads, kv_heads, dim = 32768, 64, 32, 8, 128
+        keys = torch.randn(piece_start + n, kv_heads, dim, dtype=torch.bfloat16)
         query = torch.randn(n, heads, dim, dtype=torch.bfloat16)
         widest = []
         def read(lo, hi):
             widest.append(hi - lo)
             return keys[lo:hi]
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        total = region_weights(query, read, first, (16, first), 0.1)
+        total = region_weights(query, read, piece_start, (16, piece_start), 0.1)
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
         assert max(widest) == key_block(heads, n, kv_heads, dim) == 8192, max(widest)
         assert torch.isfinite(total).all() and 0 < float(total.sum()) <= n * heads + 1e-3

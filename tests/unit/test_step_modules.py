@@ -18,7 +18,7 @@ SCENARIO = (
 HAND_COUNTED = """
 from types import SimpleNamespace
 
-from vllm_ascend_chunk.config.settings import bool_word
+from vllm_ascend_chunk.config.variables import bool_word
 from vllm_ascend_chunk.core.geometry import auto_pool_bytes
 from vllm_ascend_chunk.core.paging import pages_for, slot_of
 from vllm_ascend_chunk.scheduler.coordinator import ChunkCacheCoordinator
@@ -33,7 +33,7 @@ IDLE = SimpleNamespace(
 
 def test_scenario():
     pages_for(5, 4)  # before the first plan, step 1: core/paging.py
-    bool_word("yes")  # step 1: config/settings.py
+    bool_word("yes")  # step 1: config/variables.py
     ChunkCacheCoordinator.plan(IDLE)  # step 2: scheduler/coordinator.py
     pages_for(1, 4)  # step 2: core/paging.py
     auto_pool_bytes(1 << 30)  # step 2: core/geometry.py

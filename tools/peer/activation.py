@@ -21,6 +21,7 @@ _refused: set[str] = set()
 
 def pytest_configure(config) -> None:
     from vllm_ascend_chunk.config import engine as engine_config
+    from vllm_ascend_chunk.config.engine_settings import is_active
 
     configure = engine_config.configure
 
@@ -30,7 +31,7 @@ def pytest_configure(config) -> None:
         except engine_config.ChunkCacheSetupError:
             _refused.add(_current[0])
             raise
-        if engine_config.is_active(vllm_config):
+        if is_active(vllm_config):
             _active.add(_current[0])
 
     engine_config.configure = counted

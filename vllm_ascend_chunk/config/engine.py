@@ -7,7 +7,8 @@ selected here. KV connectors the user configures (`--kv-transfer-config`: vLLM's
 Engines the chunk cache does not apply to (pooling, encoder-decoder, M-RoPE, and models whose
 KV cache is not one group of full-attention layers: Mamba, hybrid, sliding-window) run
 unpatched, with a warning; settings that conflict with it are refused with a clear error.
-The decision is per engine: `is_active(vllm_config)` is what every other part asks.
+The decision is per engine: `configure` records the engine's settings in its config
+(`config.engine_settings`), and `is_active(vllm_config)` is what every other part asks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ import dataclasses
 import logging
 import os
 
-from vllm_ascend_chunk.config.pool_size import PAGES_KEY, configured_pages, pool_shape, recorded
+from vllm_ascend_chunk.config.engine_settings import (
+    CONNECTOR,
+    MULTI_CONNECTOR,
+    engine_settings,
+    is_active,
+    record_pool,
+    record_settings,
+)
+from vllm_ascend_chunk.config.pool_size import configured_pages, pool_shape, sized
 from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
 from vllm_ascend_chunk.core.geometry import AUTO_FRACTION, auto_pool_bytes
 from vllm_ascend_chunk.ops.rotary import LINEAR_ROPE_TYPES
@@ -24,11 +33,6 @@ from vllm_ascend_chunk.ops.rotary import LINEAR_ROPE_TYPES
 logger = logging.getLogger("vllm.chunk_cache")
 
 LAYOUT_ENV = "VLLM_CHUNK_CACHE_LAYOUT"
-LAYOUT_KEY = "chunk_cache_layout"
-"""Where an engine's config records its layout (`kv_connector_extra_config`)."""
-
-CONNECTOR = "ChunkCacheConnector"
-MULTI_CONNECTOR = "ChunkCacheMultiConnector"
 CONNECTOR_MODULE = "vllm_ascend_chunk.vllm_adapter.connector"
 SCHEDULERS = {
     False: "vllm_ascend_chunk.vllm_adapter.scheduler.ChunkCacheScheduler",
@@ -44,42 +48,39 @@ class ChunkCacheSetupError(ValueError):
 
 
 def configure(vllm_config) -> None:
+    """Set the chunk cache up for this engine, or leave it off; record the engine's settings."""
     model = vllm_config.model_config
-    if not get_config().enabled or model is None:
+    config = get_config()
+    if not config.enabled or model is None:
         return
     if (reason := _not_applicable(vllm_config)) is not None:
         logger.warning("Chunk Cache is off for this engine: %s", reason)
         return
     _refuse_conflicts(vllm_config)
-    layout = _layout_for(model)
+    shape = pool_shape(vllm_config)  # validates the KV dtype
+    _refuse_sizes_below_a_page(shape, config)
+    settings = dataclasses.replace(config, layout=_layout_for(model, config))
+    if (pages := configured_pages(shape, settings)) is not None:
+        settings = dataclasses.replace(settings, pool=sized(shape, pages, settings))
     _decide_hma_for_the_users_connectors(vllm_config)
     vllm_config.kv_transfer_config = _with_chunk_connector(vllm_config.kv_transfer_config)
-    record(vllm_config, LAYOUT_KEY, layout)
+    record_settings(vllm_config, settings)
     sched = vllm_config.scheduler_config
     sched.scheduler_cls = SCHEDULERS[bool(sched.async_scheduling)]
     # vLLM's own switch (it has no config field): read in this process and the engine's.
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         logger.info("Chunk Cache selects the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
-    logger.info("%s", engine_settings(vllm_config).describe())
+    logger.info("%s", settings.describe())
 
 
-def engine_settings(vllm_config) -> ChunkCacheConfig:
-    """This engine's chunk cache settings: the process's (`get_config`) with what `configure`
-    decided for the engine (its layout), which its KV transfer config carries to the engine core
-    and the workers."""
-    config = get_config()
-    layout = recorded(vllm_config, LAYOUT_KEY)
-    return config if layout in (None, config.layout) else dataclasses.replace(config, layout=layout)
-
-
-def _layout_for(model) -> str:
+def _layout_for(model, config: ChunkCacheConfig) -> str:
     """The default layout, `sequential`, needs a RoPE that a rotation moves; for a model without
     one, an unset `VLLM_CHUNK_CACHE_LAYOUT` becomes `overlap` (which works with any positions)
     for this engine. A layout the user set is kept: the worker refuses `sequential` on such a
     model with the reason (`ChunkCacheWorker.bind_model`)."""
-    layout = get_config().layout
-    if LAYOUT_ENV in os.environ or (reason := _why_not_sequential(model)) is None:
+    layout = config.layout
+    if config.layout_set or (reason := _why_not_sequential(model)) is None:
         return layout
     logger.warning(
         "Chunk Cache uses the overlap layout for this model: %s, so cached keys cannot be moved to "
@@ -198,14 +199,6 @@ def _user_connectors(kv) -> list[dict]:
     return [c for c in children if c.get("kv_connector") != CONNECTOR]
 
 
-def is_active(vllm_config) -> bool:
-    """Whether this engine runs the chunk cache: `configure` made `ChunkCacheConnector` its KV
-    connector or a child of it (never the case when the switch is off or the model is not
-    applicable)."""
-    kv = getattr(vllm_config, "kv_transfer_config", None)
-    return get_config().enabled and kv is not None and kv.kv_connector in (CONNECTOR, MULTI_CONNECTOR)
-
-
 def _not_applicable(vllm_config) -> str | None:
     model = vllm_config.model_config
     if model.runner_type != "generate":
@@ -280,12 +273,10 @@ def _refuse_conflicts(vllm_config) -> None:
         problems.append(f"the custom scheduler {sched_cls!r}")
     if problems:
         raise ChunkCacheSetupError(f"Chunk Cache does not support {', '.join(problems)}. {_OFF_HINT}")
-    _refuse_sizes_below_a_page(pool_shape(vllm_config))  # pool_shape validates the KV dtype
 
 
-def _refuse_sizes_below_a_page(shape) -> None:
+def _refuse_sizes_below_a_page(shape, config: ChunkCacheConfig) -> None:
     """A set size that rounds down to no page would turn its tier off without a word."""
-    config = get_config()
     for name, gb in (
         ("VLLM_CHUNK_CACHE_SIZE_GB", config.size_gb),
         ("VLLM_CHUNK_CACHE_HOST_GB", config.host_gb),
@@ -304,16 +295,16 @@ DOC_TOKENS = 512
 
 def carve_out_pool(vllm_config, executor) -> list[int]:
     """Per-worker memory for the paged KV cache once the pool is set aside (engine core): the
-    pool of `VLLM_CHUNK_CACHE_SIZE_GB`, or, unset, `geometry.auto_pool_bytes` of the KV memory;
-    its page count recorded in this engine's config and in every worker's."""
+    pool of `VLLM_CHUNK_CACHE_SIZE_GB` (`configure` sized it), or, unset, `geometry.auto_pool_bytes`
+    of the KV memory; the sized pool recorded in this engine's settings and in every worker's."""
     available = executor.determine_available_memory()
     if not is_active(vllm_config):
         return available
-    shape = pool_shape(vllm_config)
+    settings = engine_settings(vllm_config)
     kv_bytes = min(available, default=0)
-    pages = configured_pages(shape)
-    how = get_config().pool_setting()
-    if pages is None:
+    pool, how = settings.pool, settings.pool_setting()
+    if pool is None:
+        shape = pool_shape(vllm_config)
         pages = auto_pool_bytes(kv_bytes) // shape.page_bytes
         how = f"auto: {AUTO_FRACTION:g} of {kv_bytes / 2**30:.2f} GiB of KV memory"
         if pages == 0:
@@ -321,50 +312,39 @@ def carve_out_pool(vllm_config, executor) -> list[int]:
                 f"The engine has {kv_bytes / 2**30:.2f} GiB of KV memory, too little for a Chunk "
                 "Cache pool. Give the KV cache more memory or set VLLM_CHUNK_CACHE_SIZE_GB."
             )
-    pool = pages * shape.page_bytes
-    left = [a - pool for a in available]
+        pool = sized(shape, pages, settings)
+    left = [a - pool.num_bytes for a in available]
     if min(left, default=1) <= 0:
         raise ChunkCacheSetupError(
             f"{how} leaves no memory for the paged KV cache ({kv_bytes / 2**30:.2f} GiB available "
             "in all). Lower VLLM_CHUNK_CACHE_SIZE_GB (or unset it: a share of the KV memory) or "
             "give the KV cache more memory."
         )
-    record_pages(vllm_config, pages)
-    executor.collective_rpc(_record_pages_in_worker, args=(pages,))
+    record_pool(vllm_config, pool)
+    executor.collective_rpc(_record_pool_in_worker, args=(pool,))
     logger.info(
         "Chunk Cache pool: %.2f GiB (%s), %d tokens: %d documents of %d tokens; "
         "%.2f GiB left for the paged KV cache",
-        pool / 2**30,
+        pool.num_bytes / 2**30,
         how,
-        pages * shape.page_size,
-        pages // shape.pages_for(DOC_TOKENS),
+        pool.num_rows,
+        pool.num_pages // pool.pages_for(DOC_TOKENS),
         DOC_TOKENS,
         min(left) / 2**30,
     )
     return left
 
 
-def record(vllm_config, key: str, value) -> None:
-    """Record `value` in this engine's KV transfer config, and in the chunk cache's own child
-    config under `ChunkCacheMultiConnector` (each child is built from its own)."""
-    extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-    extra[key] = value
-    for child in extra.get("connectors", []):
-        if child.get("kv_connector") == CONNECTOR:
-            child.setdefault("kv_connector_extra_config", {})[key] = value
-
-
-def record_pages(vllm_config, pages: int) -> None:
-    """The pool size, once the engine core has sized it."""
-    record(vllm_config, PAGES_KEY, pages)
-
-
-def _record_pages_in_worker(worker, pages: int) -> None:
+def _record_pool_in_worker(worker, pool) -> None:
     """Run in every worker (`collective_rpc`): a worker in another process has its own config."""
-    record_pages(worker.vllm_config, pages)
+    record_pool(worker.vllm_config, pool)
 
 
 def apply_ready_response(vllm_config, pool_pages: int | None) -> None:
-    """Frontend: the pool size the engine core sent in its ready response (patch `core_client`)."""
-    if pool_pages is not None and is_active(vllm_config):
-        record_pages(vllm_config, pool_pages)
+    """Frontend: the pool size the engine core sent in its ready response (patch `core_client`),
+    where the frontend does not know it yet (an auto-sized pool, an engine core in its own process)."""
+    if pool_pages is None or not is_active(vllm_config):
+        return
+    settings = engine_settings(vllm_config)
+    if settings.pool is None:
+        record_pool(vllm_config, sized(pool_shape(vllm_config), pool_pages, settings))

@@ -26,13 +26,13 @@ documents, between RMIN and RMAX of the region, or every document where RMAX doe
 @dataclasses.dataclass(frozen=True)
 class Recovery:
     """A recovery mode: the last `docs` documents computed with the question (`last:K`), or the
-    fraction `select` of the document tokens the question attends to most, computed in at most
+    `fraction` of the document tokens the question attends to most, computed in at most
     `runs` runs (`qattn:R[/M]`), or the fewest windows that cover the fraction `cover` of the
-    question's attention over the documents, between `floor` and `select` of the region
+    question's attention over the documents, between `floor` and `fraction` of the region
     (`cover:TAU[/RMAX[/RMIN]]`; `docs/design/design.md`, Recovery)."""
 
     docs: int = 0
-    select: float = 0.0
+    fraction: float = 0.0
     runs: int = 0
     cover: float = 0.0
     floor: float = 0.0
@@ -40,11 +40,11 @@ class Recovery:
     @property
     def name(self) -> str:
         if self.cover:
-            bounds = [self.select] + ([self.floor] if self.floor else [])
+            bounds = [self.fraction] + ([self.floor] if self.floor else [])
             shown = "" if bounds == [COVER_CEILING] else "".join(f"/{b:g}" for b in bounds)
             return f"cover:{self.cover:g}{shown}"
-        if self.select:
-            return f"qattn:{self.select:g}" + ("" if self.runs == SELECT_RUNS else f"/{self.runs}")
+        if self.fraction:
+            return f"qattn:{self.fraction:g}" + ("" if self.runs == SELECT_RUNS else f"/{self.runs}")
         return "none" if self.docs == 0 else "last" if self.docs == 1 else f"last:{self.docs}"
 
 
@@ -60,15 +60,15 @@ def recovery_of(mode: str) -> Recovery | None:
         return _cover_of(arg)
     if head != "qattn":
         return None
-    fraction, slash, runs = arg.partition("/")
+    text, slash, runs = arg.partition("/")
     try:
-        select = float(fraction)
+        fraction = float(text)
     except ValueError:
         return None
     runs = runs if slash else str(SELECT_RUNS)
-    if not 0 < select <= 1 or not (runs.isdecimal() and 1 <= int(runs) <= MAX_SELECT_RUNS):
+    if not 0 < fraction <= 1 or not (runs.isdecimal() and 1 <= int(runs) <= MAX_SELECT_RUNS):
         return None
-    return Recovery(select=select, runs=int(runs))
+    return Recovery(fraction=fraction, runs=int(runs))
 
 
 def _fractions(text: str) -> list[float] | None:
@@ -88,4 +88,4 @@ def _cover_of(arg: str) -> Recovery | None:
     tau, ceiling, floor = [*values, *(COVER_CEILING, 0.0)[len(values) - 1 :]]
     if not (0 < tau <= 1 and 0 <= floor <= ceiling <= 1):
         return None
-    return Recovery(select=ceiling, runs=SELECT_RUNS, cover=tau, floor=floor)
+    return Recovery(fraction=ceiling, runs=SELECT_RUNS, cover=tau, floor=floor)

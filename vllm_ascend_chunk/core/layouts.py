@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 
 
 class Layout:

@@ -24,7 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 class ScoreSpec:
     """Score a `qattn` request's question piece computed this step (`scheduler/selection.py`)."""
 
-    first: int
+    piece_start: int
     """Token index of the piece's first token (its rows follow the request's in the batch)."""
     key_slots: list[int]
     """Paged-cache slot of every token of the request before the piece's end."""

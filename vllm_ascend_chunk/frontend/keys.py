@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from vllm_ascend_chunk.config.engine import engine_settings, is_active
-from vllm_ascend_chunk.config.pool_size import pool_geometry
-from vllm_ascend_chunk.config.settings import HASH_ALGORITHMS, get_config
+from vllm_ascend_chunk.config.engine_settings import engine_settings, is_active, pool_geometry
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
+from vllm_ascend_chunk.config.variables import HASH_ALGORITHMS
 from vllm_ascend_chunk.core.geometry import PAGE_SIZE, PoolGeometry
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo, ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo, ChunkSpans
 from vllm_ascend_chunk.frontend import recovery
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
@@ -27,10 +27,11 @@ from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY
 NAMESPACE = "vllm-ascend-chunk/v1"
 
 
-def hash_fn() -> Callable[[Any], bytes]:
+def hash_fn(algorithm: str) -> Callable[[Any], bytes]:
+    """vLLM's hash function of our `algorithm` (`VLLM_CHUNK_CACHE_HASH_ALGORITHM`)."""
     from vllm.utils.hashing import get_hash_fn_by_name
 
-    return get_hash_fn_by_name(HASH_ALGORITHMS[get_config().hash_algorithm])
+    return get_hash_fn_by_name(HASH_ALGORITHMS[algorithm])
 
 
 def with_keys(
@@ -38,11 +39,11 @@ def with_keys(
     token_ids: Sequence[int],
     identity: tuple,
     hasher: Callable[[Any], bytes],
-    select: float = 0.0,
-    select_runs: int = 0,
+    fraction: float = 0.0,
+    runs: int = 0,
     recovered: int = 0,
     cover: float = 0.0,
-    cover_floor: float = 0.0,
+    floor: float = 0.0,
 ) -> ChunkCacheInfo:
     """`spans` with the keys of SYS and of every chunk (and a recovery mode: `qattn`'s selection,
     `cover`'s target and floor, the number of documents `last:K` joined to the question)."""
@@ -53,11 +54,11 @@ def with_keys(
         **msgspec.structs.asdict(spans),
         sys_hash=sys_hash,
         chunk_hashes=chunk_hashes,
-        select=select,
-        select_runs=select_runs,
+        fraction=fraction,
+        runs=runs,
         recovered=recovered,
         cover=cover,
-        cover_floor=cover_floor,
+        floor=floor,
     )
 
 
@@ -116,8 +117,9 @@ def chunk_cache_info(
     """Hook for `InputProcessor.process_inputs`: the `EngineCoreRequest.chunk_cache` value."""
     if not is_active(vllm_config):
         return None
+    settings = engine_settings(vllm_config)
     # Checked on ordinary prompts too: a typo is a 400.
-    mode = recovery.requested_recovery(params)
+    mode = recovery.requested_recovery(params, settings.recovery)
     spans = engine_input.get(SPANS_KEY)
     if spans is None:
         return None
@@ -133,14 +135,22 @@ def chunk_cache_info(
         or len(token_ids) != spans.num_tokens
     ):
         raise ChunkPromptError("chunk spans do not match the prompt's token ids")
-    check_num_docs(spans.num_chunks, get_config().max_docs)
+    check_num_docs(spans.num_chunks, settings.max_docs)
     served = recovery.apply(spans, recovery.joined_docs(mode, spans))
     identity = engine_identity(vllm_config, lora_request, engine_input.get("cache_salt"))
     recovered = spans.num_chunks - served.num_chunks
     info = with_keys(
-        served, token_ids, identity, hash_fn(), mode.select, mode.runs, recovered, mode.cover, mode.floor
+        served,
+        token_ids,
+        identity,
+        hash_fn(settings.hash_algorithm),
+        mode.fraction,
+        mode.runs,
+        recovered,
+        mode.cover,
+        mode.floor,
     )
-    check_fits(info, pool_geometry(vllm_config), get_config().max_request_tokens)
+    check_fits(info, pool_geometry(vllm_config), settings)
     return info
 
 
@@ -153,15 +163,16 @@ def check_num_docs(num_docs: int, max_docs: int) -> None:
         )
 
 
-def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry, max_request_tokens: int) -> None:
+def check_fits(info: ChunkCacheInfo, geometry: PoolGeometry, settings: ChunkCacheConfig) -> None:
     """Refuse a chunk set that could never be resident in the pool all at once, or that would hold
     more of it than one request may (`VLLM_CHUNK_CACHE_MAX_REQUEST_TOKENS`)."""
+    max_request_tokens = settings.max_request_tokens
     unique = {info.sys_hash: info.sys_len, **dict(zip(info.chunk_hashes, info.chunk_lens, strict=True))}
     rows = sum(geometry.pages_for(n) for n in unique.values()) * geometry.page_size
     need = f"The system prompt and distinct documents of this request need {rows} tokens of chunk pool"
     if rows > geometry.num_rows:
         raise ChunkPromptError(
-            f"{need}, but {get_config().pool_setting()} holds {geometry.num_rows}. "
+            f"{need}, but {settings.pool_setting()} holds {geometry.num_rows}. "
             "Send fewer or shorter documents, or raise VLLM_CHUNK_CACHE_SIZE_GB."
         )
     if rows > max_request_tokens:

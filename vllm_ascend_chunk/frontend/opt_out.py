@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_ascend_chunk.config.settings import bool_word
+from vllm_ascend_chunk.config.variables import bool_word
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 KEY = "chunk_cache"

@@ -25,20 +25,19 @@ from __future__ import annotations
 import msgspec
 
 from vllm_ascend_chunk.config.recovery_modes import RECOVERY_ACCEPTED, Recovery, recovery_of
-from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError
 
 RECOVERY_KEY = "chunk_cache_recovery"
 """Name of the per-request choice in `vllm_xargs` and `SamplingParams.extra_args`."""
 
 
-def requested_recovery(params: object) -> Recovery:
-    """The recovery mode of a request: its `chunk_cache_recovery`, else the server's
-    `VLLM_CHUNK_CACHE_RECOVERY`."""
+def requested_recovery(params: object, default: Recovery) -> Recovery:
+    """The recovery mode of a request: its `chunk_cache_recovery`, else `default` (the engine's
+    `VLLM_CHUNK_CACHE_RECOVERY`)."""
     extra = getattr(params, "extra_args", None)
     if not extra or RECOVERY_KEY not in extra:
-        return get_config().recovery
+        return default
     value = extra[RECOVERY_KEY]
     mode = recovery_of(value) if isinstance(value, str) else None
     if mode is None:

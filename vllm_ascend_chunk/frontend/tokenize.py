@@ -17,9 +17,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from vllm_ascend_chunk.config.engine import is_active
-from vllm_ascend_chunk.config.settings import get_config
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.config.engine_settings import engine_settings, is_active
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 from vllm_ascend_chunk.frontend import opt_out
 from vllm_ascend_chunk.frontend.parser import ChunkPromptError, ParsedPrompt, parser_for
 
@@ -37,7 +36,7 @@ def _split_text(prompt: Mapping[str, Any], params, vllm_config) -> ParsedPrompt 
         raise ChunkPromptError(f"'{SPANS_KEY}' needs a token-id prompt; this request has a text prompt")
     if not chunking(vllm_config, params) or prompt.get("multi_modal_data"):
         return None
-    return parser_for(get_config().delimiter).split(prompt["prompt"])
+    return parser_for(engine_settings(vllm_config).delimiter).split(prompt["prompt"])
 
 
 def _pieces(parsed: ParsedPrompt, add_special_tokens: bool) -> list[tuple[str, bool]]:

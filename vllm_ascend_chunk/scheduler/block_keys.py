@@ -29,6 +29,6 @@ def block_hash_keys(request, start_token_idx: int) -> list[ChunkBlockKey]:
     if info is None or start_token_idx != 0:
         return []
     engine = getattr(info, "sys_hash", b"").hex()  # the engine's identity, its layout included
-    if getattr(info, "select", 0):
+    if getattr(info, "fraction", 0):
         engine = f"{engine}/qattn:{request.request_id}"
     return [(NAMESPACE, engine, info.sys_len, tuple(info.chunk_lens))]

@@ -1,6 +1,6 @@
 """ChunkCacheCoordinator: the scheduler-side logic behind the KV connector.
 
-Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `UserStatus` transitions:
+Life of a chunk-path request R (`SYS + C_1..C_n + Q`), as `ChunkPathStatus` transitions:
 1. `on_new_request`: R is registered, WAITING.
 2. `plan` (start of every `schedule()`), WAITING → PLANNED: pin the entries of SYS and every C_i;
    missing ones are created pending and one chunk prefill `SYS + C_i` is returned per
@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.config.settings import ChunkCacheConfig, get_config
+from vllm_ascend_chunk.config.settings import ChunkCacheConfig
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.layouts import LAYOUTS
 from vllm_ascend_chunk.core.paging import slot_of
@@ -57,7 +57,7 @@ from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorker
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, ChunkPrefills
 from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner
-from vllm_ascend_chunk.scheduler.requests import UserRequest, UserStatus
+from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest, ChunkPathStatus
 from vllm_ascend_chunk.scheduler.step_builder import StepBuilder
 from vllm_ascend_chunk.tiers.registry import build_tiers
 
@@ -72,21 +72,20 @@ class ChunkCacheCoordinator:
         self,
         geometry: PoolGeometry,
         block_size: int,
+        settings: ChunkCacheConfig,
         priority_order: bool = False,
-        settings: ChunkCacheConfig | None = None,
         ranks: int = 1,
     ) -> None:
-        """`settings`: the engine's (`config.engine.engine_settings`); the process's by default.
-        `ranks`: the engine's worker ranks (each keeps its shard of an entry in a tier)."""
-        config = settings or get_config()
+        """`settings`: the engine's (`config.engine_settings.engine_settings`). `ranks`: the
+        engine's worker ranks (each keeps its shard of an entry in a tier)."""
         self.geometry = geometry
-        self.layout = LAYOUTS[config.layout]
+        self.layout = LAYOUTS[settings.layout]
         self.block_size = block_size
         self.priority_order = priority_order
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
-        self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, config.lru_threshold)
-        build_tiers(config, geometry, self.manager, ranks)
-        self.users: dict[str, UserRequest] = {}
+        self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, settings.lru_threshold)
+        build_tiers(settings, geometry, self.manager, ranks)
+        self.users: dict[str, ChunkPathRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)
         self.recompute = RecomputePlanner(self.users, self.layout, block_size, self.manager.stats)
         self._blocked: str | None = None
@@ -117,7 +116,7 @@ class ChunkCacheCoordinator:
         prefills = self._refill()
         self._blocked = None
         for user in order:
-            if user.status is not UserStatus.WAITING:
+            if user.status is not ChunkPathStatus.WAITING:
                 continue
             needs = user.needs()
             if self._blocked is not None and self.manager.missing_pages(needs):
@@ -128,7 +127,7 @@ class ChunkCacheCoordinator:
             if acquired is None:
                 self._blocked = user.request.request_id
                 continue
-            user.status, user.entries, user.counted = UserStatus.PLANNED, acquired.entries, True
+            user.status, user.entries, user.counted = ChunkPathStatus.PLANNED, acquired.entries, True
             prefills += self.chunk_prefills.create(user, acquired.created)
         self.manager.stats.chunk_prefills += len(prefills)
         return prefills
@@ -144,18 +143,18 @@ class ChunkCacheCoordinator:
                 prefills += self.chunk_prefills.create(holder, [entry])
         return prefills
 
-    def _order(self) -> list[UserRequest]:
+    def _order(self) -> list[ChunkPathRequest]:
         users = list(self.users.values())  # arrival order
         if self.priority_order:
             users.sort(key=lambda u: (u.request.priority, u.request.arrival_time))
         return users
 
-    def _unplan_behind_blocked(self, order: list[UserRequest]) -> None:
+    def _unplan_behind_blocked(self, order: list[ChunkPathRequest]) -> None:
         ids = [u.request.request_id for u in order]
         if self._blocked not in ids:
             return
         for user in order[ids.index(self._blocked) + 1 :]:
-            if user.status is UserStatus.PLANNED:
+            if user.status is ChunkPathStatus.PLANNED:
                 self._unplan(user)
 
     # -- KV-connector scheduler hooks -------------------------------------------------------
@@ -165,7 +164,7 @@ class ChunkCacheCoordinator:
         if info is None:
             return
         private = info.recovers or bool(request.cache_salt)
-        user = self.users[request.request_id] = UserRequest(request=request, info=info, private=private)
+        user = self.users[request.request_id] = ChunkPathRequest(request=request, info=info, private=private)
         self.recompute.attach(user)
         if info.cover and info.recovered:  # a question `cover` cannot score: every document computed
             self.manager.stats.cover_fallbacks += 1
@@ -194,7 +193,7 @@ class ChunkCacheCoordinator:
         Changes nothing: vLLM may ask again in later steps if R is not admitted.
         """
         user = self.users.get(request.request_id)
-        if user is None or user.status is UserStatus.EXTERNAL:
+        if user is None or user.status is ChunkPathStatus.EXTERNAL:
             return 0, False  # not ours, or another connector loads it
         if num_computed_tokens >= user.info.question_start:
             return 0, False  # the prefix cache holds the whole chunk region
@@ -204,7 +203,7 @@ class ChunkCacheCoordinator:
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         user = self.users.get(request.request_id)
-        if user is None or user.status is UserStatus.EXTERNAL:
+        if user is None or user.status is ChunkPathStatus.EXTERNAL:
             return
         if num_external_tokens == 0:  # the prefix cache held the chunk region: nothing to load
             self._to_loaded(user)
@@ -219,7 +218,7 @@ class ChunkCacheCoordinator:
         slots = [slot_of(block_ids, self.block_size, t) for t in range(start, end)]
         deltas = self.layout.load_deltas(user.info)
         self._step.load(user, rows[start:end], slots, None if deltas is None else deltas[start:end])
-        user.status = UserStatus.LOADING
+        user.status = ChunkPathStatus.LOADING
 
     def build_connector_meta(self, scheduler_output) -> ChunkCacheStepMetadata:
         pieces = self.chunk_prefills.track_blocks(scheduler_output)
@@ -259,7 +258,7 @@ class ChunkCacheCoordinator:
         assert num_tokens >= user.info.question_start, "the chunk region must come whole"
         assert not user.private, "a recovering or salted request is served here"
         self._unplan(user)
-        user.status = UserStatus.EXTERNAL
+        user.status = ChunkPathStatus.EXTERNAL
 
     def admitted_elsewhere(self, num_tokens: int) -> None:
         """An EXTERNAL request was admitted with `num_tokens` tokens to load from another
@@ -270,13 +269,13 @@ class ChunkCacheCoordinator:
 
     def is_external(self, request: Request) -> bool:
         user = self.users.get(request.request_id)
-        return user is not None and user.status is UserStatus.EXTERNAL
+        return user is not None and user.status is ChunkPathStatus.EXTERNAL
 
     def serve_here(self, request: Request) -> None:
         """EXTERNAL → WAITING: the other connector no longer covers R's chunk region."""
         user = self.users[request.request_id]
-        if user.status is UserStatus.EXTERNAL:
-            user.status = UserStatus.WAITING
+        if user.status is ChunkPathStatus.EXTERNAL:
+            user.status = ChunkPathStatus.WAITING
 
     def on_preempted(self, request: Request) -> None:
         """R lost its blocks (and so its loaded chunks): it must be planned and loaded again."""
@@ -313,15 +312,15 @@ class ChunkCacheCoordinator:
         for entry in prefill.entries:
             self.manager.discard(entry)
 
-    def _unplan(self, user: UserRequest) -> None:
+    def _unplan(self, user: ChunkPathRequest) -> None:
         """→ WAITING: release its pins (it is planned again at the next `plan`)."""
         if user.entries is not None:
             self.manager.release(user.entries)
-        user.status, user.entries = UserStatus.WAITING, None
+        user.status, user.entries = ChunkPathStatus.WAITING, None
 
-    def _to_loaded(self, user: UserRequest) -> None:
+    def _to_loaded(self, user: ChunkPathRequest) -> None:
         self._unplan(user)
-        user.status = UserStatus.LOADED
+        user.status = ChunkPathStatus.LOADED
 
     def reset(self) -> bool:
         """Drop the pool (e.g. after a weight update): no entry that exists now is ever loaded.
@@ -330,7 +329,7 @@ class ChunkCacheCoordinator:
         freed when they end (`ChunkCacheManager.clear`).
         """
         for user in self.users.values():
-            if user.status is UserStatus.PLANNED:
+            if user.status is ChunkPathStatus.PLANNED:
                 self._unplan(user)
         dropped = self.manager.clear()
         logger.info("Chunk Cache reset: %d pool entries dropped", dropped)

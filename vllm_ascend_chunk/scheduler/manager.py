@@ -154,10 +154,11 @@ class ChunkCacheManager(PageIndex[Entry]):
     ) -> Acquired | None:
         """Pin an entry for every (key, num_tokens); missing keys get new pending entries.
 
-        Returns None when the pool cannot make room right now: the pool is then unchanged, but
-        the tiers still hold their copies of the missing keys for the step being built
-        (`Tier.hold`: the host tier marks them recently used and keeps them from eviction until
-        the step is sent).
+        Returns None when the pool cannot make room right now: the pool and the tiers' LRU orders
+        are then unchanged, but the tiers still hold their copies of the missing keys for the step
+        being built (`Tier.hold`: the host tier keeps them from eviction until the step is sent).
+        A copy a new entry is filled from is marked recently used by its tier
+        (`Tier.prepare_load`).
         `chunk_keys` says which keys count as chunks in the hit/miss statistics (`count`: whether
         this acquisition is counted at all; a request planned again is not).
         """

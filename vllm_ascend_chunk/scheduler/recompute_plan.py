@@ -14,7 +14,7 @@ from vllm_ascend_chunk.core.layouts import Layout
 from vllm_ascend_chunk.core.paging import slot_of
 from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.core.step import ScoreSpec
-from vllm_ascend_chunk.scheduler.requests import UserRequest
+from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest
 from vllm_ascend_chunk.scheduler.selection import Phase, Selection
 
 if TYPE_CHECKING:
@@ -24,9 +24,9 @@ logger = logging.getLogger("vllm.chunk_cache")
 
 
 @dataclass(frozen=True)
-class ShadowRun:
+class BatchedRun:
     """A `qattn` run computed as a batch row of its own, beside its request's piece: the
-    request's tokens and blocks, computed from `start` to `end` (`RecomputePlanner.shadow_runs`),
+    request's tokens and blocks, computed from `start` to `end` (`RecomputePlanner.batched_runs`),
     its positions lowered by `shift`."""
 
     request_id: str
@@ -41,7 +41,7 @@ class RecomputePlanner:
     (`vllm_adapter.scheduler`); with no request selecting, every call returns at once."""
 
     def __init__(
-        self, users: dict[str, UserRequest], layout: Layout, block_size: int, stats: ChunkCacheStats
+        self, users: dict[str, ChunkPathRequest], layout: Layout, block_size: int, stats: ChunkCacheStats
     ) -> None:
         self.users = users
         """The coordinator's chunk-path requests (read here; their selections and blocks kept)."""
@@ -51,23 +51,21 @@ class RecomputePlanner:
         self.selecting: set[str] = set()
         """The requests with a selection (`attach`, until `detach`)."""
         self._shifts: dict[str, int] = {}
-        """The position shifts of the step's shadow runs (`take_shifts`)."""
+        """The position shifts of the step's batched runs (`take_shifts`)."""
 
     @property
     def active(self) -> bool:
         """Some request recomputes in place: the scheduler's recovery calls have work."""
         return bool(self.selecting)
 
-    def attach(self, user: UserRequest) -> None:
+    def attach(self, user: ChunkPathRequest) -> None:
         """A new chunk-path request: its `qattn` (or `cover`) passes, if it may recompute
         anything in place."""
         info = user.info
-        if not (info.select or info.cover):
+        if not (info.fraction or info.cover):
             return
         cuts = self.layout.shift_bounds(info)
-        user.selection = Selection.for_spans(
-            info, info.select, info.select_runs, cuts, info.cover, info.cover_floor
-        )
+        user.selection = Selection.for_spans(info, info.fraction, info.runs, cuts, info.cover, info.floor)
         if user.selection is not None:  # None: nothing to recompute (one document, a 1-token question)
             self.selecting.add(user.request.request_id)
 
@@ -75,11 +73,11 @@ class RecomputePlanner:
         """The request is finished: nothing of it is planned again."""
         self.selecting.discard(request_id)
 
-    def _selecting(self, request_id: str) -> UserRequest | None:
+    def _selecting(self, request_id: str) -> ChunkPathRequest | None:
         return self.users.get(request_id) if request_id in self.selecting else None
 
     def take_shifts(self) -> dict[str, int]:
-        """The position shifts of the shadow runs handed out since the last step was built."""
+        """The position shifts of the batched runs handed out since the last step was built."""
         shifts, self._shifts = self._shifts, {}
         return shifts
 
@@ -103,11 +101,11 @@ class RecomputePlanner:
         for rid, num in num_scheduled_tokens.items():
             if (user := self._selecting(rid)) is None:
                 continue
-            first = user.request.num_computed_tokens
-            if user.selection.record_scheduled(first, num):
-                slots = [slot_of(user.block_ids, self.block_size, t) for t in range(first + num)]
+            start = user.request.num_computed_tokens
+            if user.selection.record_scheduled(start, num):
+                slots = [slot_of(user.block_ids, self.block_size, t) for t in range(start + num)]
                 region = (user.info.sys_len, user.info.question_start)
-                specs[rid] = ScoreSpec(first=first, key_slots=slots, region=region)
+                specs[rid] = ScoreSpec(piece_start=start, key_slots=slots, region=region)
         return specs
 
     def token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
@@ -117,22 +115,22 @@ class RecomputePlanner:
             return num_new_tokens
         return user.selection.cap(num_computed_tokens, num_new_tokens)
 
-    def shadow_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[ShadowRun]:
+    def batched_runs(self, num_scheduled_tokens: dict[str, int], budget: int, rows: int) -> list[BatchedRun]:
         """After vLLM scheduled this step: the further runs of `qattn` requests that are computed
         in it as rows of their own (`Selection.take`), within `budget` tokens and `rows` rows."""
-        shadows = []
+        batched = []
         if not self.selecting:
-            return shadows
+            return batched
         for rid, num in list(num_scheduled_tokens.items()):
             if (user := self._selecting(rid)) is None:
                 continue
             for start, end in user.selection.take(user.request.num_computed_tokens + num, budget, rows):
                 shift = self.layout.shift_at(user.info, start)
-                shadows.append(ShadowRun(f"{rid}#run{start}", user.request, start, end, shift))
-                self._shifts[shadows[-1].request_id] = shift
+                batched.append(BatchedRun(f"{rid}#run{start}", user.request, start, end, shift))
+                self._shifts[batched[-1].request_id] = shift
                 self.stats.batched_runs += 1
                 budget, rows = budget - (end - start), rows - 1
-        return shadows
+        return batched
 
     def reposition(self, running: Sequence[Request]) -> None:
         """Start of a schedule: move running `qattn` requests to the span they compute next."""

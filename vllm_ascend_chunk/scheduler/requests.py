@@ -1,4 +1,4 @@
-"""A chunk-path request's state with its chunks (`UserStatus`; transitions: `coordinator.py`)."""
+"""A chunk-path request's state with its chunks (`ChunkPathStatus`; transitions: `coordinator.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo
 from vllm_ascend_chunk.scheduler.manager import Entry
 from vllm_ascend_chunk.scheduler.selection import Selection
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-class UserStatus(enum.Enum):
+class ChunkPathStatus(enum.Enum):
     """Where a chunk-path request stands with its chunks (transitions: `ChunkCacheCoordinator`)."""
 
     WAITING = "waiting"
@@ -30,12 +30,12 @@ class UserStatus(enum.Enum):
 
 
 @dataclass
-class UserRequest:
+class ChunkPathRequest:
     """A chunk-path request and its chunk-cache state."""
 
     request: Request
     info: ChunkCacheInfo
-    status: UserStatus = UserStatus.WAITING
+    status: ChunkPathStatus = ChunkPathStatus.WAITING
     entries: list[Entry] | None = None
     """Pinned SYS entry (if any) followed by one entry per chunk, while PLANNED or LOADING."""
     counted: bool = False
@@ -55,4 +55,4 @@ class UserRequest:
     @property
     def ready(self) -> bool:
         """PLANNED and every entry resident: it can be admitted with its chunks loaded."""
-        return self.status is UserStatus.PLANNED and all(e.resident for e in self.entries)
+        return self.status is ChunkPathStatus.PLANNED and all(e.resident for e in self.entries)

@@ -41,7 +41,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from vllm_ascend_chunk.core.metadata import ChunkSpans
+from vllm_ascend_chunk.core.request_info import ChunkSpans
 
 
 class Phase(enum.Enum):
@@ -55,10 +55,10 @@ class Phase(enum.Enum):
     """Ordinary from here (the question's last pass, then decoding)."""
 
 
-def ranked_windows(scores: list[float], first: int, width: int) -> list[tuple[int, int, float]]:
-    """Windows `(start, end, summed score)` of `width` tokens from offset `first` on (the last one
+def ranked_windows(scores: list[float], select_from: int, width: int) -> list[tuple[int, int, float]]:
+    """Windows `(start, end, summed score)` of `width` tokens from offset `select_from` on (the last one
     may be shorter), the best sum first (ties: the earlier)."""
-    windows = [(s, min(s + width, len(scores))) for s in range(first, len(scores), width)]
+    windows = [(s, min(s + width, len(scores))) for s in range(select_from, len(scores), width)]
     summed = [(start, end, math.fsum(scores[start:end])) for start, end in windows]
     return sorted(summed, key=lambda w: (-w[2], w[0]))
 
@@ -74,12 +74,12 @@ def merge_windows(windows: list[tuple[int, int, float]]) -> list[tuple[int, int]
     return merged
 
 
-def select_windows(scores: list[float], first: int, count: int, runs: int) -> list[tuple[int, int]]:
+def select_windows(scores: list[float], select_from: int, count: int, runs: int) -> list[tuple[int, int]]:
     """Region offsets `[start, end)` of the runs to recompute: windows of `ceil(count / runs)`
-    tokens from offset `first` on, the `ceil(count / width)` best by summed score (ties: the
+    tokens from offset `select_from` on, the `ceil(count / width)` best by summed score (ties: the
     earlier), adjacent ones merged, in prompt order."""
     width = -(-count // runs)
-    return merge_windows(ranked_windows(scores, first, width)[: -(-count // width)])
+    return merge_windows(ranked_windows(scores, select_from, width)[: -(-count // width)])
 
 
 @dataclass(frozen=True)
@@ -96,25 +96,25 @@ class Cover:
 
 
 def cover_windows(
-    scores: list[float], first: int, target: float, floor: int, ceiling: int, runs: int
+    scores: list[float], select_from: int, target: float, floor: int, ceiling: int, runs: int
 ) -> Cover:
-    """The fewest of the windows `select_windows(scores, first, ceiling, runs)` would rank (the
+    """The fewest of the windows `select_windows(scores, select_from, ceiling, runs)` would rank (the
     best first), at least `ceil(floor / width)` of them, whose summed score with the first
-    document's (offsets before `first`: already exact) covers `target` of the whole region's;
-    where all `ceil(ceiling / width)` do not, the region after `first` whole (the guard). A region
+    document's (offsets before `select_from`: already exact) covers `target` of the whole region's;
+    where all `ceil(ceiling / width)` do not, the region after `select_from` whole (the guard). A region
     the question gives no weight is covered."""
     total = math.fsum(scores)
     width = -(-ceiling // runs) if ceiling else 1
-    ranked = ranked_windows(scores, first, width)[: -(-ceiling // width)]
+    ranked = ranked_windows(scores, select_from, width)[: -(-ceiling // width)]
     least = -(-floor // width)
-    on_exact = scores[:first]  # summed whole each time, so that covering every token gives `total`
+    on_exact = scores[:select_from]  # summed whole each time, so that covering every token gives `total`
     for taken in range(len(ranked) + 1):
         covered = math.fsum(on_exact)
         if taken >= least and covered >= target * total:
             return Cover(merge_windows(ranked[:taken]), covered / total if total > 0 else 1.0, False)
         if taken < len(ranked):
             on_exact = on_exact + scores[ranked[taken][0] : ranked[taken][1]]
-    whole = [(first, len(scores))] if first < len(scores) else []
+    whole = [(select_from, len(scores))] if select_from < len(scores) else []
     return Cover(whole, covered / total, True)
 
 
@@ -138,7 +138,7 @@ class Selection:
     num_tokens: int
     count: int
     """Region tokens to recompute (before rounding up to whole windows)."""
-    first: int
+    select_from: int
     """Region offset of C_2's first token: tokens before it are never selected."""
     max_runs: int
     cuts: list[int] = field(default_factory=list)
@@ -176,9 +176,9 @@ class Selection:
         """The passes of a request with these spans (`qattn:fraction/max_runs`, or with `target`
         `cover:target/fraction/floor`), or None if it recomputes nothing."""
         region = sum(spans.chunk_lens)
-        first = spans.chunk_lens[0] if spans.chunk_lens else 0
-        count = min(round(fraction * region), region - first)
-        if (count <= 0 and not (target and region > first)) or spans.question_len < 2:
+        select_from = spans.chunk_lens[0] if spans.chunk_lens else 0
+        count = min(round(fraction * region), region - select_from)
+        if (count <= 0 and not (target and region > select_from)) or spans.question_len < 2:
             return None
         least = min(round(floor * region), count)
         return cls(
@@ -186,7 +186,7 @@ class Selection:
             spans.question_start,
             spans.num_tokens,
             count,
-            first,
+            select_from,
             max_runs,
             cuts or [],
             target,
@@ -217,12 +217,12 @@ class Selection:
             return 0 if self.phase is Phase.AWAITING else num_new
         return max(0, min(num_new, end - num_computed))
 
-    def record_scheduled(self, first: int, num: int) -> bool:
-        """A piece `[first, first + num)` was scheduled; True if the workers must score it."""
+    def record_scheduled(self, start: int, num: int) -> bool:
+        """A piece `[start, start + num)` was scheduled; True if the workers must score it."""
         if self.phase is not Phase.SCORING:
             return False
         self.pending += 1
-        if first + num >= self.score_end:
+        if start + num >= self.score_end:
             self.phase = Phase.AWAITING
         return True
 
@@ -247,11 +247,11 @@ class Selection:
         """Region offsets of the runs: `qattn`'s windows, or `cover`'s (the region after C_1 whole
         when unscored)."""
         if not self.target:
-            return select_windows(self.scores, self.first, self.count, self.max_runs)
+            return select_windows(self.scores, self.select_from, self.count, self.max_runs)
         if self.failed:
-            return [(self.first, self.question_start - self.sys_len)]
+            return [(self.select_from, self.question_start - self.sys_len)]
         self.cover = cover_windows(
-            self.scores, self.first, self.target, self.floor, self.count, self.max_runs
+            self.scores, self.select_from, self.target, self.floor, self.count, self.max_runs
         )
         return self.cover.runs
 

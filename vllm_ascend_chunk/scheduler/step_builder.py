@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ScoreSpec
 from vllm_ascend_chunk.scheduler.prefills import Saves
-from vllm_ascend_chunk.scheduler.requests import UserRequest
+from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest
 
 
 class StepBuilder:
     def __init__(self) -> None:
         self.meta = ChunkCacheStepMetadata()
-        self.loaded: list[UserRequest] = []
+        self.loaded: list[ChunkPathRequest] = []
         """Requests admitted with a load in this step (LOADING until it is sent)."""
 
-    def load(self, user: UserRequest, rows: list[int], slots: list[int], deltas: list[int] | None) -> None:
+    def load(
+        self, user: ChunkPathRequest, rows: list[int], slots: list[int], deltas: list[int] | None
+    ) -> None:
         """`user`'s chunk region: pool `rows` into its paged-cache `slots` (re-rotated by `deltas`)."""
         self.loaded.append(user)
         self.meta.load_rows += rows
@@ -33,8 +35,8 @@ class StepBuilder:
         idle: bool = False,
     ) -> ChunkCacheStepMetadata:
         """The step's metadata: this builder's operations, the step's `saves`, the tiers' `jobs`
-        (by tier name), the position `shifts` of its scheduled chunk-path requests and shadow
-        runs, the `scores` to take, and whether the step computes nothing (`idle`)."""
+        (by tier name), the position `shifts` of its scheduled chunk-path requests and
+        batched runs, the `scores` to take, and whether the step computes nothing (`idle`)."""
         meta = self.meta
         meta.save_rows, meta.save_slots = saves.rows, saves.slots
         meta.tier_jobs = jobs

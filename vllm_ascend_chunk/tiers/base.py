@@ -65,10 +65,12 @@ class Tier(Protocol):
 
     def hold(self, key: bytes) -> None:
         """`key` is about to be offered: keep its copy while the pool makes room (an eviction
-        into this tier must not replace it)."""
+        into this tier must not replace it), until the step is sent; nothing else changes (the
+        pool may not make room, and the key is then not offered)."""
 
     def prepare_load(self, entry: PagedEntry) -> Fill:
-        """Plan filling `entry` (new, its pages taken) with this tier's copy of its key."""
+        """Plan filling `entry` (new, its pages taken) with this tier's copy of its key (a hit:
+        the copy is used, e.g. most recently used in the host tier's LRU order)."""
 
     def loaded(self, entry: PagedEntry, tokens: int, ok: bool) -> None:
         """A fill of `entry` by this tier ended (`NOW`: at once, ok), to be counted as a hit of

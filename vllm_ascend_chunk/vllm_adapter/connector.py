@@ -33,8 +33,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiKVConnectorMetadata,
 )
 
-from vllm_ascend_chunk.config.engine import engine_settings
-from vllm_ascend_chunk.config.pool_size import pool_geometry, stage_geometry
+from vllm_ascend_chunk.config.engine_settings import engine_settings, pool_geometry
+from vllm_ascend_chunk.config.pool_size import stage_geometry
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorkerMetadata
 from vllm_ascend_chunk.metrics import (
     INCREMENTS,
@@ -63,12 +63,11 @@ class ChunkCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             block_size = _single_group(kv_cache_config).kv_cache_spec.block_size
             priority = vllm_config.scheduler_config.policy == "priority"
-            settings = engine_settings(vllm_config)
             self.coordinator = ChunkCacheCoordinator(
                 pool_geometry(vllm_config),
                 block_size,
+                engine_settings(vllm_config),
                 priority_order=priority,
-                settings=settings,
                 ranks=vllm_config.parallel_config.tensor_parallel_size
                 * vllm_config.parallel_config.pipeline_parallel_size,
             )

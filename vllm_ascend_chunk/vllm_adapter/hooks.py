@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from vllm_ascend_chunk.core.metadata import ChunkCacheInfo as ChunkCacheInfo
-from vllm_ascend_chunk.core.metadata import servable as servable
+from vllm_ascend_chunk.core.request_info import ChunkCacheInfo as ChunkCacheInfo
+from vllm_ascend_chunk.core.request_info import servable as servable
 
 
 def _hook(path: str) -> Callable[..., Any]:
@@ -51,7 +51,7 @@ chunk_cache_info = _hook(f"{_PACKAGE}.frontend.keys.chunk_cache_info")
 configure = _hook(f"{_PACKAGE}.config.engine.configure")
 carve_out_pool = _hook(f"{_PACKAGE}.config.engine.carve_out_pool")
 apply_ready_response = _hook(f"{_PACKAGE}.config.engine.apply_ready_response")
-recorded_pages = _hook(f"{_PACKAGE}.config.pool_size.recorded_pages")
+recorded_pages = _hook(f"{_PACKAGE}.config.engine_settings.recorded_pages")
 # The scheduler (patches vllm.v1.core.kv_cache_utils, vllm.v1.core.sched.scheduler).
 block_hash_keys = _hook(f"{_PACKAGE}.scheduler.block_keys.block_hash_keys")
 # The model runner (patches vllm.v1.worker.gpu_model_runner, vllm_ascend.worker.model_runner_v1).

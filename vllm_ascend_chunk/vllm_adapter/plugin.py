@@ -15,7 +15,8 @@ def register() -> None:
     (`build_kv_connector_stats`, in the process that logs them)."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-    from vllm_ascend_chunk.config.engine import CONNECTOR, CONNECTOR_MODULE
+    from vllm_ascend_chunk.config.engine import CONNECTOR_MODULE
+    from vllm_ascend_chunk.config.engine_settings import CONNECTOR
 
     logger.info(get_config().describe())
     try:

@@ -20,8 +20,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill
+from vllm_ascend_chunk.vllm_adapter.batched_runs import BatchedRuns
 from vllm_ascend_chunk.vllm_adapter.connector import chunk_connector_of
-from vllm_ascend_chunk.vllm_adapter.shadow_rows import ShadowRows
 from vllm_ascend_chunk.vllm_adapter.stats_relay import StatsRelay
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class _ChunkCacheSchedulerMixin:
             hash_block_size, get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo)
         )
         self._stats = StatsRelay(self.connector, chunk_connector)
-        self._shadow_rows = ShadowRows(
+        self._batched_runs = BatchedRuns(
             self._stats.alone and not self.use_pp and not self.enable_return_routed_experts, self._own_request
         )
 
@@ -61,16 +61,16 @@ class _ChunkCacheSchedulerMixin:
 
     def _build_kv_connector_meta(self, connector, scheduler_output):
         """vLLM's, once the `qattn` runs this step also computes are in the output."""
-        self._shadow_rows.add(scheduler_output, self.recovery, self)
+        self._batched_runs.add(scheduler_output, self.recovery, self)
         return super()._build_kv_connector_meta(connector, scheduler_output)
 
     def _update_after_schedule(self, scheduler_output) -> None:
-        """vLLM's for its requests; this step's shadow rows are finished for the runner next step."""
+        """vLLM's for its requests; this step's batched runs are finished for the runner next step."""
         scheduled = scheduler_output.num_scheduled_tokens
-        shadows = self._shadow_rows.take(scheduled)
+        batched = self._batched_runs.take(scheduled)
         super()._update_after_schedule(scheduler_output)
-        scheduled.update(shadows)
-        self.finished_req_ids |= shadows.keys()
+        scheduled.update(batched)
+        self.finished_req_ids |= batched.keys()
 
     def chunk_token_cap(self, request: Request, num_new_tokens: int, num_computed_tokens: int) -> int:
         """Tokens `request` may compute this step (`hooks.cap_new_tokens`)."""

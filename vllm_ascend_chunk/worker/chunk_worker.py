@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from vllm_ascend_chunk.config.engine import engine_settings
+from vllm_ascend_chunk.config.engine_settings import engine_settings
 from vllm_ascend_chunk.core.geometry import PoolGeometry
 from vllm_ascend_chunk.core.layouts import LAYOUTS
 from vllm_ascend_chunk.core.pool import ChunkCachePool
@@ -48,6 +48,7 @@ def _same_rope(a: RotarySpec, b: RotarySpec) -> bool:
 class ChunkCacheWorker:
     def __init__(self, vllm_config, geometry: PoolGeometry) -> None:
         self.vllm_config = vllm_config
+        self.settings = engine_settings(vllm_config)
         self.geometry = geometry
         self.pool: ChunkCachePool | None = None
         self.rotary: RotarySpec | None = None
@@ -75,13 +76,12 @@ class ChunkCacheWorker:
         device = (first[0] if isinstance(first, (tuple, list)) else first).device  # NPU: (K, V) pairs
         self.pool = ChunkCachePool(self.geometry, loaders, readers, device)
         self.rank = _worker_rank()
-        settings = engine_settings(self.vllm_config)
-        self.tiers = build_worker_tiers(settings, self.vllm_config, self.geometry, device)
+        self.tiers = build_worker_tiers(self.settings, self.vllm_config, self.geometry, device)
 
     def bind_model(self, model) -> None:
         """Sequential layout: find the model's RoPE; refuse one a rotation cannot move (start-up)."""
         self._model_bound = True
-        if not LAYOUTS[engine_settings(self.vllm_config).layout].rotates_loaded_keys:
+        if not LAYOUTS[self.settings.layout].rotates_loaded_keys:
             return
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
 

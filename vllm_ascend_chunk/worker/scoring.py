@@ -70,17 +70,17 @@ def key_block(heads: int, rows: int, kv_heads: int, dim: int) -> int:
 def region_weights(
     query: torch.Tensor,
     keys: KeyBlocks,
-    first: int,
+    piece_start: int,
     region: tuple[int, int],
     scale: float,
     block: int | None = None,
 ) -> torch.Tensor:
     """Per region token, the softmax weight summed over heads and queries.
 
-    `query` [n, H, D]: the queries of tokens `first..first+n-1`; `keys(lo, hi)`: keys of the tokens
-    before and among them (a query attends to the keys up to itself). Keys are taken `block` at a
-    time (default `key_block`): where one block holds them all, one softmax; else, per block of
-    queries, a first pass over the key blocks keeps each softmax's running maximum and
+    `query` [n, H, D]: the queries of tokens `piece_start..piece_start+n-1`; `keys(lo, hi)`: keys
+    of the tokens before and among them (a query attends to the keys up to itself). Keys are taken
+    `block` at a time (default `key_block`): where one block holds them all, one softmax; else, per
+    block of queries, a first pass over the key blocks keeps each softmax's running maximum and
     normaliser, and a second computes the region's weights."""
     heads = query.shape[1]
     kv_heads, dim = keys(0, 1).shape[1:]
@@ -88,8 +88,8 @@ def region_weights(
     for start in range(0, query.shape[0], QUERY_ROWS):
         q = query[start : start + QUERY_ROWS]
         size = block or key_block(heads, q.shape[0], kv_heads, dim)
-        positions = first + start + torch.arange(q.shape[0], device=query.device)
-        end = first + start + q.shape[0]  # keys after the last query are masked for every row
+        positions = piece_start + start + torch.arange(q.shape[0], device=query.device)
+        end = piece_start + start + q.shape[0]  # keys after the last query are masked for every row
         grouped = _grouped(q, kv_heads, scale)
         if end <= size:
             weights = torch.softmax(_logits(grouped, keys(0, end), 0, positions), dim=-1)
@@ -147,7 +147,7 @@ class QuestionScorer:
             def keys(lo: int, hi: int, slots: torch.Tensor = slots) -> torch.Tensor:
                 return self.reader(slots[lo:hi])[0]
 
-            weights = region_weights(query[start:end], keys, spec.first, spec.region, impl.scale)
+            weights = region_weights(query[start:end], keys, spec.piece_start, spec.region, impl.scale)
             self._scores[rid] = weights.tolist()
         self._specs = {}
 

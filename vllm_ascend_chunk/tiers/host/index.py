@@ -3,11 +3,12 @@
 Pure bookkeeping on the same `paging.PageIndex` as the pool index (`scheduler.manager`). The
 host tier holds copies of entries evicted from the device pool, least recently used evicted first
 when it is full. An entry is complete once its copy is scheduled (the worker runs a step's copies
-into host memory before the copies out of it), so it has no pending state. A copy read or written
-in the step being built is *busy* until the step's operations are sent (`end_step`): its pages
-are not given to another entry in the same step, so one step never reads host rows that it also
-overwrites, nor writes the same host rows twice (one `index_copy_` with duplicate rows has no
-defined winner).
+into host memory before the copies out of it), so it has no pending state. A copy held (to be
+read: `hold`) or written in the step being built is *busy* until the step's operations are sent
+(`end_step`): its pages are not given to another entry in the same step, so one step never reads
+host rows that it also overwrites, nor writes the same host rows twice (one `index_copy_` with
+duplicate rows has no defined winner). Holding a copy leaves the LRU order as it is; `touch` makes
+a copy most recently used, where it is really used (copied back into the pool).
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ class HostIndex(PageIndex[HostEntry]):
     def __init__(self, num_pages: int, page_size: int) -> None:
         super().__init__(num_pages, page_size)
         self.busy: set[bytes] = set()
-        """Keys read or written in the step being built."""
+        """Keys held or written in the step being built."""
         self.retired: list[HostEntry] = []
         """Busy copies dropped by `clear`: their pages are free once the step is sent."""
         self.evictions = 0
 
-    def read(self, key: bytes) -> HostEntry | None:
-        """The copy of `key`, marked most recently used and busy for this step; None if absent."""
+    def hold(self, key: bytes) -> HostEntry | None:
+        """The copy of `key`, busy for this step (kept, and its pages not given to another copy,
+        until the step is sent), its place in the LRU order unchanged (`touch`); None if absent."""
         entry = self.entries.get(key)
         if entry is not None:
-            self.entries.move_to_end(key)
             self.busy.add(key)
         return entry
 

@@ -43,12 +43,13 @@ class HostTier:
         self._jobs = HostJobs()
 
     def hold(self, key: bytes) -> None:
-        self.index.read(key)
+        self.index.hold(key)
 
     def prepare_load(self, entry: PagedEntry) -> Fill:
-        copy = self.index.read(entry.key)
+        copy = self.index.hold(entry.key)  # read in this step
         if copy is None:
             return Fill.ABSENT
+        self.index.touch(entry.key)  # a hit: most recently used
         self._jobs.read_from += copy.rows(self.index.page_size)
         self._jobs.read_to += entry.rows(self.index.page_size)
         self.stats.host_bytes_read += entry.num_tokens * self.token_bytes

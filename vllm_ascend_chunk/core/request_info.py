@@ -1,4 +1,5 @@
-"""Chunk metadata carried by a request from the frontend into the engine core.
+"""What a chunked request carries from the frontend into the engine core: its spans and its
+info (`ChunkCacheInfo`, the `chunk_cache` field of `EngineCoreRequest` and `Request`).
 
 Only lengths and keys travel: the token ids are already on the request
 (`SYS + C_1 + ... + C_n + Q`), so every span is derived from the lengths.
@@ -54,22 +55,22 @@ class ChunkCacheInfo(ChunkSpans, array_like=True, frozen=True):
     """Position-free content key of the SYSTEM tokens."""
     chunk_hashes: list[bytes]
     """Position-free content key of each chunk, as computed after SYS (`SYS + C_i`)."""
-    select: float = 0.0
+    fraction: float = 0.0
     """`qattn:R` recovery: the fraction R of the document tokens recomputed in place (0: none)."""
-    select_runs: int = 0
+    runs: int = 0
     """... in at most this many runs (`qattn:R/M`)."""
     recovered: int = 0
     """`last:K` recovery: how many documents joined the question (`frontend.recovery.apply`)."""
     cover: float = 0.0
     """`cover:TAU` recovery: the fraction TAU of the question's attention over the documents the
-    recomputed windows must cover (`select` is the ceiling RMAX; 0: not this mode)."""
-    cover_floor: float = 0.0
+    recomputed windows must cover (`fraction` is the ceiling RMAX; 0: not this mode)."""
+    floor: float = 0.0
     """... recomputing at least this fraction of the document tokens (RMIN)."""
 
     @property
     def recovers(self) -> bool:
         """Whether a recovery mode computes part of the document region with the question."""
-        return bool(self.select or self.recovered or self.cover)
+        return bool(self.fraction or self.recovered or self.cover)
 
 
 def servable(info: ChunkCacheInfo | None, sampling_params) -> ChunkCacheInfo | None:
