@@ -22,7 +22,7 @@ from vllm_ascend_chunk.metrics import (
     ChunkCachePromMetrics,
     chunk_cache_metrics,
 )
-from vllm_ascend_chunk.tiers.mooncake.store import RemoteStoreStats
+from vllm_ascend_chunk.tiers.mooncake.store_stats import RemoteStoreStats
 
 LABELS = ["model_name", "engine"]
 

@@ -21,7 +21,7 @@ from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata
 from vllm_ascend_chunk.tiers.mooncake import worker as remote_worker
 from vllm_ascend_chunk.tiers.mooncake.jobs import NAME, RemoteJobs, RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import FORMAT_VERSION, KVHeader, SigningKey, encode
-from vllm_ascend_chunk.tiers.mooncake.store import RemoteStoreStats
+from vllm_ascend_chunk.tiers.mooncake.store_stats import RemoteStoreStats
 from vllm_ascend_chunk.tiers.mooncake.worker import IDLE_WAIT_S, RemoteStoreWorker, ShardIdentity, object_name
 
 RETRY_S = 0.1
