@@ -21,18 +21,28 @@ HOST_TP2 = {**BIND, **{name: str(float(gb) / 2) for name, gb in HOST.items()}}
 SETUPS = {"TP=1": ({}, HOST), "TP=2": (TP2, HOST_TP2)}
 
 
-@pytest.mark.parametrize("setup", ["TP=1", pytest.param("TP=2", marks=needs_two_cores)])
-def test_a_corpus_larger_than_the_pool_is_served_from_host_memory(models_dir: Path, setup: str):
-    docs = [cc.document(300 + i, 100) for i in range(12)]  # 12 x ~7 pages: 2.6x the pool
+def corpus_rounds(first_doc: int) -> list[dict]:
+    """12 documents of ~7 pages (2.6x the pool) in 4 sets: cold, reordered, then batched."""
+    docs = [cc.document(first_doc + i, 100) for i in range(12)]
     sets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     prompts = [cc.chunked(cc.SYS, [docs[i] for i in s], f"Question on {s}?") for s in sets]
     shuffled = [cc.chunked(cc.SYS, [docs[i] for i in s[::-1]], f"Again {s}?") for s in sets]
-    rounds = [{"prompts": prompts}, {"prompts": shuffled}, {"prompts": prompts, "batch": True}]
-    result = run_engine(models_dir / "tiny-llama", rounds, *SETUPS[setup])
+    return [{"prompts": prompts}, {"prompts": shuffled}, {"prompts": prompts, "batch": True}]
+
+
+def check_corpus_rounds(models_dir: Path, rounds: list[dict], result: dict, tier: str) -> None:
+    """Every answer of `corpus_rounds` equal to the HF reference's."""
     model, raw_tok = cc.reference_tools(models_dir, "tiny-llama")
-    check_round(model, raw_tok, prompts, result["rounds"][0], 8, "cold, evicting into host memory")
-    check_round(model, raw_tok, shuffled, result["rounds"][1], 8, "reordered, read back from host")
-    check_round(model, raw_tok, prompts, result["rounds"][2], 8, "batched, read back from host")
+    whats = [f"cold, evicting into {tier}", f"reordered, read back from {tier}", f"batched, from {tier}"]
+    for rnd, results, what in zip(rounds, result["rounds"], whats, strict=True):
+        check_round(model, raw_tok, rnd["prompts"], results, 8, what)
+
+
+@pytest.mark.parametrize("setup", ["TP=1", pytest.param("TP=2", marks=needs_two_cores)])
+def test_a_corpus_larger_than_the_pool_is_served_from_host_memory(models_dir: Path, setup: str):
+    rounds = corpus_rounds(300)
+    result = run_engine(models_dir / "tiny-llama", rounds, *SETUPS[setup])
+    check_corpus_rounds(models_dir, rounds, result, "host memory")
 
     cold, warm, batched = result["states"]
     assert cold["misses"] == 12 and cold["evictions"] > 0 and cold["host_entries"] > 0
