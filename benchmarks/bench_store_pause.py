@@ -4,6 +4,7 @@
 the same traffic, the store running in the first and paused (SIGSTOP) for `--pause-s` in the second.
 
     python -m benchmarks.bench_store_pause --out results/tiers/store_pause_cpu.json   # ~3 min
+    python -m benchmarks.bench_store_pause --repeats 3 --out ...   # ~9 min: 3 windows a phase
 
 The traffic in each window: one client streaming ordinary prompts back to back (`--decode-tokens`
 each, ignore_eos), whose inter-token latencies vLLM's own histogram
@@ -13,7 +14,9 @@ and `--store-requests` chunked requests whose documents only the store holds (wr
 server, then dropped from its pool by a cache reset), sent while the store is paused in the second
 window. Reported per window: ITL mean, p50, p99 and stalls over 1 s, the longest wait for a token
 a client saw inside the pause's span, the pool requests' TTFT p50, the store requests' TTFTs and
-the remote counters; and the paused/running ratios. Ratios come from one run.
+the remote counters; and the paused/running ratios. Ratios come from one run; with `--repeats`
+the windows alternate (running, paused, running, ...) and each phase's are pooled (histograms
+summed, samples together; each window's figures are kept too).
 
 Outputs: `--out` JSON (samples, summaries, ratios, the command, the machine) and a PNG beside it.
 """
@@ -61,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pool-every-s", type=float, default=0.5, help="a pool-resident chunked request every")
     ap.add_argument("--decode-tokens", type=int, default=256, help="tokens per ordinary streamed request")
     ap.add_argument("--doc-tokens", type=int, default=256)
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="pairs of windows (running, paused), pooled per phase"
+    )
     ap.add_argument("--label", default="", help="what the run measures (e.g. the commit), kept in the JSON")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "tiers" / "store_pause_cpu.json")
     ap.add_argument("--log-dir", type=Path, help="server and store logs (default: a temporary directory)")
@@ -149,11 +155,12 @@ class Window:
         for t in threads:
             t.join(timeout=120)
         after = read_counters(self.server, before, (REMOTE["reads"],))
-        itl = itl_summary(itl_before, itl_histogram(self.server))
+        itl_after = itl_histogram(self.server)
         counters = {
             k: after.get(c, 0.0) - (0 if k == "up" else before.get(c, 0.0)) for k, c in REMOTE.items()
         }
-        return {**itl, **self.summary(counters)}
+        delta = {b: n - itl_before.get(b, 0.0) for b, n in itl_after.items()}
+        return {**itl_summary({}, delta), **self.summary(counters), "itl_delta": delta}
 
     def _decode(self, seed: int) -> None:
         client = openai_client(self.server.url, timeout=300)
@@ -231,11 +238,33 @@ def prime(server: VllmServer, args: argparse.Namespace, docs: list[str]) -> None
     r.raise_for_status()
 
 
+def pooled(windows: list[dict]) -> dict:
+    """One phase's windows as one: their ITL histograms summed, their samples together."""
+    delta: dict[float, float] = {}
+    for w in windows:
+        for b, n in w["itl_delta"].items():
+            delta[b] = delta.get(b, 0.0) + n
+    samples = {k: [s for w in windows for s in w["samples"][k]] for k in windows[0]["samples"]}
+    return {
+        **itl_summary({}, delta),
+        "longest_wait_ms": max(w["longest_wait_ms"] for w in windows),
+        "decode_ttft_max_ms": max((w["decode_ttft_max_ms"] or 0.0 for w in windows), default=None),
+        "pool_ttft_p50_ms": statistics.median(s["ttft_ms"] for s in samples["pool"]),
+        "pool_ttft_max_ms": max(s["ttft_ms"] for s in samples["pool"]),
+        "store_ttft_ms": [t for w in windows for t in w["store_ttft_ms"]],
+        "remote": {
+            k: windows[-1]["remote"][k] if k == "up" else sum(w["remote"][k] for w in windows)
+            for k in windows[0]["remote"]
+        },
+        "samples": samples,
+    }
+
+
 def run(args: argparse.Namespace, log_dir: Path) -> dict:
     workload = rag_workload.RagWorkload(doc_tokens=args.doc_tokens)
     n = args.store_requests * DOCS_PER_REQUEST
-    stored = [workload.doc(rag_workload.COLD_SEEDS + 5_000 + i) for i in range(2 * n)]
-    pooled = [workload.doc(rag_workload.COLD_SEEDS + 6_000 + i) for i in range(DOCS_PER_REQUEST)]
+    stored = [workload.doc(rag_workload.COLD_SEEDS + 5_000 + i) for i in range(2 * n * args.repeats)]
+    pool_docs = [workload.doc(rag_workload.COLD_SEEDS + 6_000 + i) for i in range(DOCS_PER_REQUEST)]
     result: dict = {}
     store = MooncakeProcs(log_dir).start()
     try:
@@ -253,18 +282,23 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             prime(server, args, stored)
             client = openai_client(server.url, timeout=300)
             ttft_request(
-                client, NAME, rag_workload.chunked(workload.system, pooled, "Warm?"), 2
+                client, NAME, rag_workload.chunked(workload.system, pool_docs, "Warm?"), 2
             )  # pool docs in
             groups = [stored[i : i + DOCS_PER_REQUEST] for i in range(0, len(stored), DOCS_PER_REQUEST)]
-            for phase, pause, docs in (
-                ("running", None, groups[: args.store_requests]),
-                ("paused", store, groups[args.store_requests :]),
-            ):
-                result[phase] = Window(server, args, pooled).run(docs, pause, seed=len(result))
-                print(f"{phase}: {_brief(result[phase])}", flush=True)
+            windows: dict[str, list[dict]] = {"running": [], "paused": []}
+            for i in range(2 * args.repeats):  # running, paused, running, ...
+                phase, pause = ("running", None) if i % 2 == 0 else ("paused", store)
+                docs = groups[i * args.store_requests : (i + 1) * args.store_requests]
+                windows[phase].append(Window(server, args, pool_docs).run(docs, pause, seed=i))
+                print(f"{phase}: {_brief(windows[phase][-1])}", flush=True)
                 time.sleep(args.timeout_s + 2)  # readers stuck in the paused store come back
     finally:
         store.stop()
+    for phase, ws in windows.items():
+        result[phase] = pooled(ws)
+        result[f"{phase}_windows"] = [
+            {k: v for k, v in w.items() if k not in ("samples", "itl_delta")} for w in ws
+        ]
     run_ = result["running"]
     paused = result["paused"]
     result["ratios"] = {
