@@ -202,7 +202,8 @@ def test_a_document_with_no_tokens_is_dropped():
     """Some tokenizers turn a text into no tokens: such a document gets no span (no pool entry)."""
     from types import SimpleNamespace
 
-    from vllm_ascend_chunk.config.engine_settings import CONNECTOR
+    from vllm_ascend_chunk.config.engine_settings import CONNECTOR, SETTINGS_KEY
+    from vllm_ascend_chunk.config.settings import ChunkCacheConfig
     from vllm_ascend_chunk.frontend.tokenize import SPANS_KEY, tokenize_chunked
 
     class Tokenizer:
@@ -210,7 +211,10 @@ def test_a_document_with_no_tokens_is_dropped():
             return [] if text == "​" else [len(text)] * (2 if add_special_tokens else 1)
 
     prompt = {"prompt": "sys # # doc one # # ​ # # doc two # # question"}
-    engine = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector=CONNECTOR))
+    settings = {SETTINGS_KEY: ChunkCacheConfig.from_env({})}  # an engine's, as `configure` records them
+    engine = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector=CONNECTOR, kv_connector_extra_config=settings)
+    )
     out = tokenize_chunked(Tokenizer(), prompt, SimpleNamespace(add_special_tokens=True), engine)
     assert out["prompt_token_ids"] == [3, 3, 7, 7, 8]
     spans = out[SPANS_KEY]

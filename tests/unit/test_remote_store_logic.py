@@ -48,8 +48,8 @@ class FakeMooncake:
         self.held: set[str] = set()
         """Names whose reads and existence checks wait until `release`."""
         self.calls: list[tuple[str, str]] = []
-        self.callers: dict[str, tuple[int, set[int]]] = {}
-        """Per operation, the scheduling policy and CPUs of the last thread that called it."""
+        self.callers: dict[str, set[int]] = {}
+        """Per operation, the CPUs of the last thread that called it."""
         self.setups = 0
         self._released = threading.Event()
 
@@ -62,7 +62,7 @@ class FakeMooncake:
     def _call(self, op: str, name: str) -> None:
         self.calls.append((op, name))
         if sys.platform.startswith("linux"):
-            self.callers[op] = (os.sched_getscheduler(0), os.sched_getaffinity(0))
+            self.callers[op] = os.sched_getaffinity(0)
         if name in self.held:
             self._released.wait(30)
 
@@ -231,12 +231,11 @@ def test_an_object_over_part_bytes_is_stored_in_parts_of_one_write(
     assert store.stats().errors == 0
 
 
-def test_the_threads_calling_mooncake_yield_to_the_engine(
+def test_the_threads_calling_mooncake_run_off_the_compute_cores(
     mooncake: FakeMooncake, make_store: MakeStore
 ) -> None:
     """A store made by a thread bound to CPU 0 (as vLLM's CPU worker binds its threads to its
-    compute cores): its readers, writer and connector call Mooncake in the idle scheduling class,
-    on the other CPUs."""
+    compute cores): its readers, writer and connector call Mooncake on the other CPUs."""
     stores: list[RemoteStore] = []
 
     def bound_maker() -> None:
@@ -251,7 +250,7 @@ def test_the_threads_calling_mooncake_yield_to_the_engine(
     assert read(stores[0], "e", h) is not None
     others = (set(range(os.cpu_count() or 1)) - {0}) or {0}
     # put and is_exist by the writer and the probe, get by a reader and the probe
-    assert mooncake.callers == dict.fromkeys(mooncake.callers, (os.SCHED_IDLE, others))
+    assert mooncake.callers == dict.fromkeys(mooncake.callers, others)
     assert {"put", "get", "is_exist"} <= set(mooncake.callers)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
-from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, probe, reachable, yield_to_the_engine
+from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, off_the_compute_cores, probe, reachable
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -116,7 +116,7 @@ class StoreConnection:
         )
 
     def _loop(self) -> None:
-        yield_to_the_engine()  # the client's own threads, started by `setup` here, inherit it
+        off_the_compute_cores()  # the client's own threads, started by `setup` here, inherit it
         while not self._closed.is_set():
             if not self.up:
                 try:

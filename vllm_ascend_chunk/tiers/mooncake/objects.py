@@ -160,27 +160,23 @@ def bound_mooncake_transfers(timeout_s: float) -> None:
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
 
-def yield_to_the_engine() -> None:
-    """The calling thread (and the threads it starts) out of the engine's way, on Linux: in the
-    idle scheduling class (`SCHED_IDLE`: it runs only on a CPU no other thread wants, and any
-    other thread that wakes takes the CPU from it) and, where the thread is bound to some CPUs
-    (vLLM's CPU worker binds its threads to the worker's compute cores), on the other CPUs.
+def off_the_compute_cores() -> None:
+    """The calling thread (and the threads it starts) off the CPUs it is bound to, where it is
+    bound to some (vLLM's CPU worker binds its threads to the worker's compute cores), on Linux.
 
     A read or probe stuck in a stopped store process busy-polls its thread's core inside the
-    Mooncake client until the transfer gives up: so placed it takes only CPU the engine leaves
-    idle, and a slow store slows the requests that wait on it, not every decode. The price: on a
-    machine whose every core the engine keeps busy, store reads wait for idle CPU (past the
-    timeout they are misses, computed instead) and writes queue. Linux's scheduling class and
-    affinity are per thread."""
+    Mooncake client until the transfer gives up: on the worker's compute core, it would take half
+    of the forward's CPU. The scheduling class stays the normal one: store reads and writes keep
+    their share of the CPU on a busy machine (the idle class or nice 19 starved them when the
+    engines kept every core busy). Linux's affinity is per thread; elsewhere nothing changes."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
         if others:
             os.sched_setaffinity(0, others)
-    except OSError as e:  # a sandbox may forbid it: the store works, only beside the engine
-        logger.debug("Chunk Cache remote store: thread scheduling or CPUs unchanged (%s)", e)
+    except OSError as e:  # a sandbox may forbid it: the store works, only beside the forward
+        logger.debug("Chunk Cache remote store: thread CPUs unchanged (%s)", e)
 
 
 def mooncake_store_class() -> type:

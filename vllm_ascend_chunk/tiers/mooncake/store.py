@@ -11,9 +11,9 @@ not match its header: `RemoteStoreStats`), `get` queues the read for two reader 
 `read_queue` waiting) and returns a future that resolves to the tensor or to `None` for every kind
 of miss; `cancel()` on it before its read starts skips the read. Threads: one writer, two
 readers, one deadline watcher and one connector, whatever the number of operations; those that
-call the Mooncake client (all but the watcher) run in the idle scheduling class and off the
-worker's compute cores where it has some (`objects.yield_to_the_engine`), so a stuck read that
-spins its core takes only CPU the engine leaves idle.
+call the Mooncake client (all but the watcher) run off the worker's compute cores where it is
+bound to some (`objects.off_the_compute_cores`), so a stuck read that spins its core does not
+spin the forward's.
 
 Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
@@ -82,9 +82,9 @@ from vllm_ascend_chunk.tiers.mooncake.objects import (
     bound_mooncake_transfers,
     fetch,
     mooncake_store_class,
+    off_the_compute_cores,
     put_parts,
     remove,
-    yield_to_the_engine,
 )
 from vllm_ascend_chunk.tiers.mooncake.store_stats import RemoteStoreStats
 
@@ -204,7 +204,7 @@ class RemoteStore:
     # Reads.
 
     def _read_loop(self) -> None:
-        yield_to_the_engine()
+        off_the_compute_cores()
         while (pending := self._reads.get()) is not None:
             self._conn.hold_reads(2 * self.config.timeout_s + self.config.retry_s)
             if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
@@ -287,7 +287,7 @@ class RemoteStore:
     # Writes.
 
     def _write_loop(self) -> None:
-        yield_to_the_engine()
+        off_the_compute_cores()
         while (item := self._queue.get()) is not None:
             name, header, kv, nbytes = item
             try:
