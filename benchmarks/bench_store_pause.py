@@ -248,7 +248,7 @@ def pooled(windows: list[dict]) -> dict:
     return {
         **itl_summary({}, delta),
         "longest_wait_ms": max(w["longest_wait_ms"] for w in windows),
-        "decode_ttft_max_ms": max((w["decode_ttft_max_ms"] or 0.0 for w in windows), default=None),
+        "decode_ttft_max_ms": max(w["decode_ttft_max_ms"] or 0.0 for w in windows),
         "pool_ttft_p50_ms": statistics.median(s["ttft_ms"] for s in samples["pool"]),
         "pool_ttft_max_ms": max(s["ttft_ms"] for s in samples["pool"]),
         "store_ttft_ms": [t for w in windows for t in w["store_ttft_ms"]],
