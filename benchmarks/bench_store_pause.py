@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -266,7 +267,10 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
     stored = [workload.doc(rag_workload.COLD_SEEDS + 5_000 + i) for i in range(2 * n * args.repeats)]
     pool_docs = [workload.doc(rag_workload.COLD_SEEDS + 6_000 + i) for i in range(DOCS_PER_REQUEST)]
     result: dict = {}
-    store = MooncakeProcs(log_dir).start()
+    # The master keeps the paused store's memory: with Mooncake's 10 s default, a 10 s pause
+    # sometimes dropped it, and with it every later window's documents (fast misses, no waits).
+    store = MooncakeProcs(log_dir, client_ttl_s=math.ceil(args.pause_s) + 10).start()
+    result["store_client_ttl_s"] = store.client_ttl_s
     try:
         env = {
             **store.server_env(timeout_s=args.timeout_s),

@@ -53,11 +53,20 @@ def _stopped(task: Path) -> bool:
 class MooncakeProcs:
     """A master and a store process, started and stopped on demand; logs under `log_dir`."""
 
-    def __init__(self, log_dir: Path, store_bytes: int = STORE_BYTES, lease_ms: int = 10_000) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        store_bytes: int = STORE_BYTES,
+        lease_ms: int = 10_000,
+        client_ttl_s: int = 10,
+    ) -> None:
         self.log_dir = log_dir
         self.store_bytes = store_bytes
         self.lease_ms = lease_ms
         """How long a read holds an object (Mooncake's default): a read slower than this fails."""
+        self.client_ttl_s = client_ttl_s
+        """How long the master keeps a silent store process's memory, and the objects in it
+        (Mooncake's default): a store paused longer loses them."""
         self.rpc_port, self.metadata_port, self.metrics_port, self.store_port = free_ports(4)
         self.master: subprocess.Popen | None = None
         self.store: subprocess.Popen | None = None
@@ -115,6 +124,7 @@ class MooncakeProcs:
             "-metrics_host=127.0.0.1",
             f"-metrics_port={self.metrics_port}",
             f"-default_kv_lease_ttl={self.lease_ms}",
+            f"-client_ttl={self.client_ttl_s}",
         )
         wait_for(lambda: self._metrics() is not None, 10, "Mooncake master")
         if self.store is not None:

@@ -23,6 +23,7 @@ from harness.mooncake_store import wait_for
 from tests.store.test_kv_object import header as kv_header
 from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool, reported_reads, step
 from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake import store as store_module
 from vllm_ascend_chunk.tiers.mooncake.jobs import RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode, object_size
 from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS, PROBE_NAME
@@ -50,6 +51,8 @@ class FakeMooncake:
         self.calls: list[tuple[str, str]] = []
         self.callers: dict[str, set[int]] = {}
         """Per operation, the CPUs of the last thread that called it."""
+        self.threads: dict[tuple[str, str], int] = {}
+        """Per operation and name, the native id of the last thread that called it."""
         self.setups = 0
         self._released = threading.Event()
 
@@ -61,6 +64,7 @@ class FakeMooncake:
 
     def _call(self, op: str, name: str) -> None:
         self.calls.append((op, name))
+        self.threads[(op, name)] = threading.get_native_id()
         if sys.platform.startswith("linux"):
             self.callers[op] = os.sched_getaffinity(0)
         if name in self.held:
@@ -252,6 +256,37 @@ def test_the_threads_calling_mooncake_run_off_the_compute_cores(
     # put and is_exist by the writer and the probe, get by a reader and the probe
     assert mooncake.callers == dict.fromkeys(mooncake.callers, others)
     assert {"put", "get", "is_exist"} <= set(mooncake.callers)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scheduling classes per thread")
+def test_a_stuck_call_idles_its_thread_and_the_calls_after_it_run_at_normal_priority(
+    mooncake: FakeMooncake, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read stuck in the store (as in a stopped store process, where it spins its core) has its
+    thread moved to the idle class; another read meanwhile runs on a normal thread, and the
+    demoted thread ends once its call returns."""
+    monkeypatch.setattr(store_module, "STUCK_CALL_S", 0.05)
+    store = make_store()
+    slow, fast = header("slow"), header("fast")
+    written(store, "slow", slow, kv_for(slow))
+    written(store, "fast", fast, kv_for(fast, 1))
+    mooncake.held.add("slow")
+    pending = store.get("slow", slow)
+
+    def policy(op: str, name: str) -> int | None:
+        try:
+            return os.sched_getscheduler(mooncake.threads[(op, name)])
+        except (KeyError, OSError):  # not called yet, or the thread ended
+            return None
+
+    wait_for(lambda: policy("get", "slow") == os.SCHED_IDLE, 5, "the stuck read's thread demoted")
+    assert torch.equal(read(store, "fast", fast), kv_for(fast, 1))
+    assert mooncake.threads[("get", "fast")] != mooncake.threads[("get", "slow")]
+    assert policy("get", "fast") == os.SCHED_OTHER
+    mooncake.release()
+    assert torch.equal(pending.result(5), kv_for(slow))  # released before its deadline: a hit
+    stuck = mooncake.threads[("get", "slow")]
+    wait_for(lambda: not os.path.exists(f"/proc/self/task/{stuck}"), 5, "the demoted thread ended")
 
 
 @pytest.mark.parametrize(("extra", "parts"), [(0, 1), (-1, 2)], ids=["exactly-part-bytes", "one-byte-over"])

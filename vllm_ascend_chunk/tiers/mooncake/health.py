@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
-from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, off_the_compute_cores, probe, reachable
+from vllm_ascend_chunk.tiers.mooncake.calls import Calls, run_on
+from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, probe, reachable
 
 logger = logging.getLogger("vllm.chunk_cache")
 
@@ -21,6 +22,7 @@ class StoreConnection:
         config: RemoteConfig,
         hostname: str,
         store_class: type,
+        calls: Calls,
         lock: threading.Lock,
         closed: threading.Event,
         on_outage: Callable[[], None],
@@ -28,12 +30,15 @@ class StoreConnection:
         self.config = config
         self._hostname = hostname
         self._store_class = store_class
+        self._calls = calls
+        """Run the client's calls once it is set up (a stuck one spins no busy core)."""
         self._lock = lock
         """The store's lock: guards `up` and the suspicion with the store's own state."""
         self._closed = closed
         self._on_outage = on_outage
         """Called when the store goes down (the store resolves the reads waiting for it)."""
-        self.client: Any = None  # mooncake.store.MooncakeDistributedStore
+        self.client: Any = None
+        """A mooncake.store.MooncakeDistributedStore, its calls run by `calls`."""
         self.up = False
         """Connected, and the last probe of the store succeeded."""
         self._ever_up = False
@@ -116,7 +121,7 @@ class StoreConnection:
         )
 
     def _loop(self) -> None:
-        off_the_compute_cores()  # the client's own threads, started by `setup` here, inherit it
+        run_on(self._calls.cpus)  # the client's own threads, started by `setup` here, inherit it
         while not self._closed.is_set():
             if not self.up:
                 try:
@@ -162,7 +167,7 @@ class StoreConnection:
                 client.close()
                 return
             # A replaced client is released when the last read still using it returns.
-            self.client = client
+            client = self.client = self._calls.client(client)
         if (failure := self._probe(client)) is not None:
             self.failed(failure)
             return

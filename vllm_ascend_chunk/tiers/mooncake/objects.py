@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -158,25 +157,6 @@ def bound_mooncake_transfers(timeout_s: float) -> None:
         os.environ.setdefault(name, seconds)
     # One attempt per `setup`; the connector thread does the retrying.
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
-
-
-def off_the_compute_cores() -> None:
-    """The calling thread (and the threads it starts) off the CPUs it is bound to, where it is
-    bound to some (vLLM's CPU worker binds its threads to the worker's compute cores), on Linux.
-
-    A read or probe stuck in a stopped store process busy-polls its thread's core inside the
-    Mooncake client until the transfer gives up: on the worker's compute core, it would take half
-    of the forward's CPU. The scheduling class stays the normal one: store reads and writes keep
-    their share of the CPU on a busy machine (the idle class or nice 19 starved them when the
-    engines kept every core busy). Linux's affinity is per thread; elsewhere nothing changes."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
-        if others:
-            os.sched_setaffinity(0, others)
-    except OSError as e:  # a sandbox may forbid it: the store works, only beside the forward
-        logger.debug("Chunk Cache remote store: thread CPUs unchanged (%s)", e)
 
 
 def mooncake_store_class() -> type:

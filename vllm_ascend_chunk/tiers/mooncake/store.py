@@ -10,10 +10,10 @@ store is down, then or when the writer gets to it, when the store is full, or wh
 not match its header: `RemoteStoreStats`), `get` queues the read for two reader threads (at most
 `read_queue` waiting) and returns a future that resolves to the tensor or to `None` for every kind
 of miss; `cancel()` on it before its read starts skips the read. Threads: one writer, two
-readers, one deadline watcher and one connector, whatever the number of operations; those that
-call the Mooncake client (all but the watcher) run off the worker's compute cores where it is
-bound to some (`objects.off_the_compute_cores`), so a stuck read that spins its core does not
-spin the forward's.
+readers, one deadline watcher and one connector, whatever the number of operations. They hand
+every call of the Mooncake client to `calls.Calls`' threads, which run off the worker's compute
+cores (where it is bound to some): a read stuck in a stopped store spins its thread's core inside
+the client, which, once the call has run `STUCK_CALL_S`, is moved to the idle scheduling class.
 
 Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
+from vllm_ascend_chunk.tiers.mooncake.calls import Calls, spare_cpus
 from vllm_ascend_chunk.tiers.mooncake.health import StoreConnection
 from vllm_ascend_chunk.tiers.mooncake.kv_object import (
     KVHeader,
@@ -82,7 +83,6 @@ from vllm_ascend_chunk.tiers.mooncake.objects import (
     bound_mooncake_transfers,
     fetch,
     mooncake_store_class,
-    off_the_compute_cores,
     put_parts,
     remove,
 )
@@ -91,6 +91,9 @@ from vllm_ascend_chunk.tiers.mooncake.store_stats import RemoteStoreStats
 logger = logging.getLogger("vllm.chunk_cache")
 
 _READERS = 2
+STUCK_CALL_S = 0.5
+"""A Mooncake call that has run this long is stuck: its thread is demoted (`calls`). Reads of a
+working store take milliseconds, also on a busy machine."""
 _CORRUPT_LOG_INTERVAL_S = 60.0
 
 
@@ -124,8 +127,15 @@ class RemoteStore:
         """Reads started → their deadlines (watched by one thread)."""
         self._deadlines = threading.Condition(self._lock)
         bound_mooncake_transfers(config.timeout_s)
+        self._calls = Calls(STUCK_CALL_S, spare_cpus())
         self._conn = StoreConnection(
-            config, local_hostname, mooncake_store_class(), self._lock, self._closed, self._drain_reads
+            config,
+            local_hostname,
+            mooncake_store_class(),
+            self._calls,
+            self._lock,
+            self._closed,
+            self._drain_reads,
         )
         self._threads = [
             threading.Thread(target=self._read_loop, name=f"chunk-cache-remote-get{i}", daemon=True)
@@ -200,11 +210,11 @@ class RemoteStore:
         client = self._conn.stop()
         if client is not None:
             client.close()
+        self._calls.close()
 
     # Reads.
 
     def _read_loop(self) -> None:
-        off_the_compute_cores()
         while (pending := self._reads.get()) is not None:
             self._conn.hold_reads(2 * self.config.timeout_s + self.config.retry_s)
             if not pending.future.set_running_or_notify_cancel():  # the caller gave up on it
@@ -287,7 +297,6 @@ class RemoteStore:
     # Writes.
 
     def _write_loop(self) -> None:
-        off_the_compute_cores()
         while (item := self._queue.get()) is not None:
             name, header, kv, nbytes = item
             try:

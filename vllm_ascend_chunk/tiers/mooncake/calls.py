@@ -1,0 +1,166 @@
+"""Mooncake client calls on threads of their own, so that a stuck call costs the machine only the
+CPU that no one else wants.
+
+A get or put stuck in a stopped store process busy-polls its calling thread's core inside the
+Mooncake client until the transfer gives up (`MC_TCP_*_TIMEOUT_SEC`): a whole core for seconds,
+which on a small machine slows the forward beside it. `Calls` runs each call on a thread of a
+small pool, placed off the worker's compute cores. A call that has run for `stuck_s` has its
+thread moved to the idle scheduling class (`SCHED_IDLE`), where it spins only on CPU that is
+otherwise idle, and that thread leaves the pool when its call returns: an unprivileged process
+cannot raise a thread back, so the calls after it run on fresh threads at the normal priority.
+Only stuck calls are demoted: with every store thread in the idle class, ordinary reads and
+writes starved while engines kept every core busy.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+logger = logging.getLogger("vllm.chunk_cache")
+
+T = TypeVar("T")
+
+
+def spare_cpus() -> frozenset[int] | None:
+    """The CPUs the calling thread is not bound to (vLLM's CPU worker binds its threads to the
+    worker's compute cores), or None: it is bound to none, or this is not Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    others = frozenset(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+    return others or None
+
+
+def run_on(cpus: frozenset[int] | None) -> None:
+    """The calling thread (and the threads it starts) on `cpus` (None: unchanged)."""
+    if cpus is None:
+        return
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:  # a sandbox may forbid it: the store works, only beside the forward
+        logger.debug("Chunk Cache remote store: thread CPUs unchanged (%s)", e)
+
+
+class _Worker:
+    """One pool thread: runs the calls handed to it, one at a time."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.tid: int | None = None
+        self.demoted = False
+        threading.Thread(target=self._loop, name="chunk-cache-mooncake-call", daemon=True).start()
+
+    def _loop(self) -> None:
+        self.tid = threading.get_native_id()
+        run_on(self.calls.cpus)
+        while (job := self.jobs.get()) is not None:
+            job()
+            if not self.calls._returned(self):
+                return
+
+
+class Calls:
+    """Runs Mooncake client calls on pool threads, demoting the threads of stuck ones (see the
+    module). `run` blocks its caller (without spinning) until the call returns."""
+
+    def __init__(self, stuck_s: float, cpus: frozenset[int] | None) -> None:
+        self.stuck_s = stuck_s
+        self.cpus = cpus
+        """Where the pool's threads run (`spare_cpus` of the thread that made the store)."""
+        self.demotions = 0
+        """Calls whose thread was demoted so far."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._idle: list[_Worker] = []
+        self._running: dict[_Worker, float] = {}
+        """Workers in a call → when it counts as stuck."""
+        self._closed = False
+        self._watchdog = threading.Thread(
+            target=self._watch, name="chunk-cache-mooncake-watchdog", daemon=True
+        )
+        self._watchdog.start()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a pool thread: what it returns, or what it raises."""
+        future: Future[T] = Future()
+
+        def job() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # handed to the caller
+                future.set_exception(e)
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Chunk Cache remote store: Mooncake calls after close")
+            worker = self._idle.pop() if self._idle else None
+        worker = worker or _Worker(self)
+        with self._changed:
+            self._running[worker] = time.monotonic() + self.stuck_s
+            self._changed.notify()
+        worker.jobs.put(job)
+        return future.result()
+
+    def client(self, client: Any) -> Any:
+        """`client` with every method call run by `run`."""
+        return _GuardedClient(client, self)
+
+    def close(self) -> None:
+        """Ends the idle threads and the watchdog; a thread still in a call ends when it returns."""
+        with self._changed:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._changed.notify()
+        for worker in idle:
+            worker.jobs.put(None)
+        self._watchdog.join()
+
+    def _returned(self, worker: _Worker) -> bool:
+        """Whether `worker` takes another call (it is neither demoted nor the pool closed)."""
+        with self._lock:
+            self._running.pop(worker, None)
+            if worker.demoted or self._closed:
+                return False
+            self._idle.append(worker)
+            return True
+
+    def _watch(self) -> None:
+        with self._changed:
+            while not self._closed:
+                now = time.monotonic()
+                for worker, stuck_at in self._running.items():
+                    if stuck_at <= now and not worker.demoted and worker.tid is not None:
+                        worker.demoted = True
+                        self.demotions += 1
+                        _demote(worker.tid, self.stuck_s)
+                due = [t for w, t in self._running.items() if not w.demoted]
+                self._changed.wait(max(min(due) - now, 0.001) if due else None)
+
+
+def _demote(tid: int, stuck_s: float) -> None:
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError) as e:  # not Linux, or the thread just ended
+        logger.debug("Chunk Cache remote store: Mooncake call thread %d not demoted (%s)", tid, e)
+        return
+    logger.debug("Chunk Cache remote store: a Mooncake call ran over %g s; its thread now idles", stuck_s)
+
+
+class _GuardedClient:
+    """A Mooncake client whose method calls run on `Calls`' threads."""
+
+    def __init__(self, client: Any, calls: Calls) -> None:
+        self._client = client
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return functools.partial(self._calls.run, getattr(self._client, name))
