@@ -76,8 +76,6 @@ class Calls:
         self.stuck_s = stuck_s
         self.cpus = cpus
         """Where the pool's threads run (`spare_cpus` of the thread that made the store)."""
-        self.demotions = 0
-        """Calls whose thread was demoted so far."""
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._idle: list[_Worker] = []
@@ -140,7 +138,6 @@ class Calls:
                 for worker, stuck_at in self._running.items():
                     if stuck_at <= now and not worker.demoted and worker.tid is not None:
                         worker.demoted = True
-                        self.demotions += 1
                         _demote(worker.tid, self.stuck_s)
                 due = [t for w, t in self._running.items() if not w.demoted]
                 self._changed.wait(max(min(due) - now, 0.001) if due else None)
