@@ -48,6 +48,9 @@ class FakeMooncake:
         """Names whose write returns an error code."""
         self.held: set[str] = set()
         """Names whose reads and existence checks wait until `release`."""
+        self.spinning: set[str] = set()
+        """Names whose reads and existence checks busy-poll until `release` (as in a stopped
+        store process)."""
         self.calls: list[tuple[str, str]] = []
         self.callers: dict[str, set[int]] = {}
         """Per operation, the CPUs of the last thread that called it."""
@@ -69,6 +72,10 @@ class FakeMooncake:
             self.callers[op] = os.sched_getaffinity(0)
         if name in self.held:
             self._released.wait(30)
+        if name in self.spinning:
+            deadline = time.monotonic() + 30
+            while not self._released.is_set() and time.monotonic() < deadline:
+                pass
 
     def client_class(self) -> type:
         fake = self
@@ -259,34 +266,57 @@ def test_the_threads_calling_mooncake_run_off_the_compute_cores(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scheduling classes per thread")
-def test_a_stuck_call_idles_its_thread_and_the_calls_after_it_run_at_normal_priority(
+def _nice(mooncake: FakeMooncake, op: str, name: str) -> int | None:
+    """The nice value of the thread that last called `op` on `name` (None: not yet, or it ended)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, mooncake.threads[(op, name)])
+    except (KeyError, OSError):
+        return None
+
+
+def test_a_spinning_call_drops_its_thread_to_nice_19_and_the_calls_after_it_run_at_normal_priority(
     mooncake: FakeMooncake, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A read stuck in the store (as in a stopped store process, where it spins its core) has its
-    thread moved to the idle class; another read meanwhile runs on a normal thread, and the
-    demoted thread ends once its call returns."""
+    """A read spinning in the store (as in a stopped store process) has its thread demoted; another
+    read meanwhile runs on a thread at the normal priority, and the demoted thread ends once its
+    call returns."""
     monkeypatch.setattr(store_module, "STUCK_CALL_S", 0.05)
     store = make_store(timeout_s=60.0)  # the held read's deadline is far: a busy machine ends no read early
     slow, fast = header("slow"), header("fast")
     written(store, "slow", slow, kv_for(slow))
     written(store, "fast", fast, kv_for(fast, 1))
-    mooncake.held.add("slow")
+    normal = os.getpriority(os.PRIO_PROCESS, 0)
+    mooncake.spinning.add("slow")
     pending = store.get("slow", slow)
-
-    def policy(op: str, name: str) -> int | None:
-        try:
-            return os.sched_getscheduler(mooncake.threads[(op, name)])
-        except (KeyError, OSError):  # not called yet, or the thread ended
-            return None
-
-    wait_for(lambda: policy("get", "slow") == os.SCHED_IDLE, 30, "the stuck read's thread demoted")
+    wait_for(lambda: _nice(mooncake, "get", "slow") == 19, 30, "the spinning read's thread demoted")
     assert torch.equal(read(store, "fast", fast), kv_for(fast, 1))
     assert mooncake.threads[("get", "fast")] != mooncake.threads[("get", "slow")]
-    assert policy("get", "fast") == os.SCHED_OTHER
+    assert _nice(mooncake, "get", "fast") == normal
     mooncake.release()
     assert torch.equal(pending.result(30), kv_for(slow))  # released before its deadline: a hit
     stuck = mooncake.threads[("get", "slow")]
     wait_for(lambda: not os.path.exists(f"/proc/self/task/{stuck}"), 30, "the demoted thread ended")
+
+
+def test_a_slow_call_that_does_not_spin_keeps_its_priority_and_its_thread(
+    mooncake: FakeMooncake, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that waits (as one starved on a machine whose cores engines keep busy) is not
+    stuck, however long it runs: demoting it would starve it further."""
+    monkeypatch.setattr(store_module, "STUCK_CALL_S", 0.05)
+    store = make_store(timeout_s=60.0)
+    slow = header("slow")
+    written(store, "slow", slow, kv_for(slow))
+    normal = os.getpriority(os.PRIO_PROCESS, 0)
+    mooncake.held.add("slow")
+    pending = store.get("slow", slow)
+    wait_for(lambda: mooncake.called("get", "slow") == 1, 30, "the read started")
+    time.sleep(0.5)  # ten times `STUCK_CALL_S`, in a call that spends no CPU
+    assert _nice(mooncake, "get", "slow") == normal
+    mooncake.release()
+    assert torch.equal(pending.result(30), kv_for(slow))
+    time.sleep(0.2)
+    assert _nice(mooncake, "get", "slow") == normal  # alive: back in the pool
 
 
 @pytest.mark.parametrize(("extra", "parts"), [(0, 1), (-1, 2)], ids=["exactly-part-bytes", "one-byte-over"])

@@ -2,14 +2,20 @@
 CPU that no one else wants.
 
 A get or put stuck in a stopped store process busy-polls its calling thread's core inside the
-Mooncake client until the transfer gives up (`MC_TCP_*_TIMEOUT_SEC`): a whole core for seconds,
-which on a small machine slows the forward beside it. `Calls` runs each call on a thread of a
-small pool, placed off the worker's compute cores. A call that has run for `stuck_s` has its
-thread moved to the idle scheduling class (`SCHED_IDLE`), where it spins only on CPU that is
-otherwise idle, and that thread leaves the pool when its call returns: an unprivileged process
-cannot raise a thread back, so the calls after it run on fresh threads at the normal priority.
-Only stuck calls are demoted: with every store thread in the idle class, ordinary reads and
-writes starved while engines kept every core busy.
+Mooncake client until the transfer gives up (`MC_TCP_*_TIMEOUT_SEC`; the client waits on a
+condition variable only when built with `USE_EVENT_DRIVEN_COMPLETION`, which the wheels are not):
+a whole core for seconds, which on a small machine slows the forward beside it. `Calls` runs each
+call on a thread of a small pool, placed off the worker's compute cores. A call whose thread has
+spent `stuck_s` of CPU time in it is spinning, and its thread drops to the lowest priority
+(nice 19: about 1.5% of a core beside one busy thread), and leaves the pool when its call returns:
+an unprivileged process cannot raise a thread back, so the calls after it run on fresh threads at
+the normal priority.
+
+Only spinning calls are demoted. A call that is merely slow, as on a machine whose cores engines
+keep busy, spends little CPU and keeps its priority: demoting by wall time alone starved the
+health probe there, and the store was reported down. Nice 19 rather than the idle scheduling
+class for the same reason: an idle-class thread never runs while the cores are busy, nor releases
+what it holds inside the client.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from typing import Any, TypeVar
 logger = logging.getLogger("vllm.chunk_cache")
 
 T = TypeVar("T")
+_DEMOTED_NICE = 19
+_RECHECK_S = 0.05
+"""How often a call past `stuck_s` of wall time that has not spun as long is looked at again."""
 
 
 def spare_cpus() -> frozenset[int] | None:
@@ -56,13 +65,18 @@ class _Worker:
         self.calls = calls
         self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.tid: int | None = None
+        self.clock: int | None = None
+        """The thread's CPU-time clock."""
         self.demoted = False
         threading.Thread(target=self._loop, name="chunk-cache-mooncake-call", daemon=True).start()
 
     def _loop(self) -> None:
         self.tid = threading.get_native_id()
+        if hasattr(time, "pthread_getcpuclockid"):  # Linux; elsewhere no call is demoted
+            self.clock = time.pthread_getcpuclockid(threading.get_ident())
         run_on(self.calls.cpus)
         while (job := self.jobs.get()) is not None:
+            self.calls._started(self)
             job()
             if not self.calls._returned(self):
                 return
@@ -79,8 +93,9 @@ class Calls:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._idle: list[_Worker] = []
-        self._running: dict[_Worker, float] = {}
-        """Workers in a call → when it counts as stuck."""
+        self._running: dict[_Worker, tuple[float, float]] = {}
+        """Workers in a call → (when its CPU time is first checked, the thread's CPU time when
+        the call began)."""
         self._closed = False
         self._watchdog = threading.Thread(
             target=self._watch, name="chunk-cache-mooncake-watchdog", daemon=True
@@ -101,11 +116,7 @@ class Calls:
             if self._closed:
                 raise RuntimeError("Chunk Cache remote store: Mooncake calls after close")
             worker = self._idle.pop() if self._idle else None
-        worker = worker or _Worker(self)
-        with self._changed:
-            self._running[worker] = time.monotonic() + self.stuck_s
-            self._changed.notify()
-        worker.jobs.put(job)
+        (worker or _Worker(self)).jobs.put(job)
         return future.result()
 
     def client(self, client: Any) -> Any:
@@ -122,6 +133,12 @@ class Calls:
             worker.jobs.put(None)
         self._watchdog.join()
 
+    def _started(self, worker: _Worker) -> None:
+        """`worker`'s thread begins a call (its CPU time can exceed the wall time it has run)."""
+        with self._changed:
+            self._running[worker] = (time.monotonic() + self.stuck_s, time.thread_time())
+            self._changed.notify()
+
     def _returned(self, worker: _Worker) -> bool:
         """Whether `worker` takes another call (it is neither demoted nor the pool closed)."""
         with self._lock:
@@ -135,21 +152,33 @@ class Calls:
         with self._changed:
             while not self._closed:
                 now = time.monotonic()
-                for worker, stuck_at in self._running.items():
-                    if stuck_at <= now and not worker.demoted and worker.tid is not None:
+                waits = []
+                # A worker in `_running` is in its call, or waits for this lock to leave it: its
+                # thread, and so its CPU clock, is alive.
+                for worker, (check_at, cpu_at_start) in self._running.items():
+                    if worker.demoted or worker.clock is None:
+                        continue
+                    if check_at > now:
+                        waits.append(check_at - now)
+                    elif time.clock_gettime(worker.clock) - cpu_at_start >= self.stuck_s:
                         worker.demoted = True
                         _demote(worker.tid, self.stuck_s)
-                due = [t for w, t in self._running.items() if not w.demoted]
-                self._changed.wait(max(min(due) - now, 0.001) if due else None)
+                    else:  # slow but not spinning (a busy machine): look again soon
+                        waits.append(_RECHECK_S)
+                self._changed.wait(min(waits) if waits else None)
 
 
 def _demote(tid: int, stuck_s: float) -> None:
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, _DEMOTED_NICE)  # on Linux: that thread alone
     except (AttributeError, OSError) as e:  # not Linux, or the thread just ended
         logger.debug("Chunk Cache remote store: Mooncake call thread %d not demoted (%s)", tid, e)
         return
-    logger.debug("Chunk Cache remote store: a Mooncake call ran over %g s; its thread now idles", stuck_s)
+    logger.debug(
+        "Chunk Cache remote store: a Mooncake call spun %g s of CPU; its thread now runs at nice %d",
+        stuck_s,
+        _DEMOTED_NICE,
+    )
 
 
 class _GuardedClient:
