@@ -57,7 +57,7 @@ from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ChunkCacheWorker
 from vllm_ascend_chunk.scheduler.manager import ChunkCacheManager
 from vllm_ascend_chunk.scheduler.prefills import ChunkPrefill, ChunkPrefills
 from vllm_ascend_chunk.scheduler.recompute_plan import RecomputePlanner
-from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest, ChunkPathStatus
+from vllm_ascend_chunk.scheduler.requests import ChunkPathStatus, UserRequest
 from vllm_ascend_chunk.scheduler.step_builder import StepBuilder
 from vllm_ascend_chunk.tiers.registry import build_tiers
 
@@ -85,7 +85,7 @@ class ChunkCacheCoordinator:
         """Plan in (priority, arrival) order, as vLLM's `--scheduling-policy priority` schedules."""
         self.manager = ChunkCacheManager(geometry.num_pages, geometry.page_size, settings.lru_threshold)
         build_tiers(settings, geometry, self.manager, ranks)
-        self.users: dict[str, ChunkPathRequest] = {}
+        self.users: dict[str, UserRequest] = {}
         self.chunk_prefills = ChunkPrefills(geometry.page_size, block_size)
         self.recompute = RecomputePlanner(self.users, self.layout, block_size, self.manager.stats)
         self._blocked: str | None = None
@@ -143,13 +143,13 @@ class ChunkCacheCoordinator:
                 prefills += self.chunk_prefills.create(holder, [entry])
         return prefills
 
-    def _order(self) -> list[ChunkPathRequest]:
+    def _order(self) -> list[UserRequest]:
         users = list(self.users.values())  # arrival order
         if self.priority_order:
             users.sort(key=lambda u: (u.request.priority, u.request.arrival_time))
         return users
 
-    def _unplan_behind_blocked(self, order: list[ChunkPathRequest]) -> None:
+    def _unplan_behind_blocked(self, order: list[UserRequest]) -> None:
         ids = [u.request.request_id for u in order]
         if self._blocked not in ids:
             return
@@ -164,7 +164,7 @@ class ChunkCacheCoordinator:
         if info is None:
             return
         private = info.recovers or bool(request.cache_salt)
-        user = self.users[request.request_id] = ChunkPathRequest(request=request, info=info, private=private)
+        user = self.users[request.request_id] = UserRequest(request=request, info=info, private=private)
         self.recompute.attach(user)
         if info.cover and info.recovered:  # a question `cover` cannot score: every document computed
             self.manager.stats.cover_fallbacks += 1
@@ -312,13 +312,13 @@ class ChunkCacheCoordinator:
         for entry in prefill.entries:
             self.manager.discard(entry)
 
-    def _unplan(self, user: ChunkPathRequest) -> None:
+    def _unplan(self, user: UserRequest) -> None:
         """→ WAITING: release its pins (it is planned again at the next `plan`)."""
         if user.entries is not None:
             self.manager.release(user.entries)
         user.status, user.entries = ChunkPathStatus.WAITING, None
 
-    def _to_loaded(self, user: ChunkPathRequest) -> None:
+    def _to_loaded(self, user: UserRequest) -> None:
         self._unplan(user)
         user.status = ChunkPathStatus.LOADED
 

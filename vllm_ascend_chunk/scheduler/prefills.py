@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from vllm_ascend_chunk.core.paging import slot_of
 from vllm_ascend_chunk.scheduler.manager import Entry
-from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest
+from vllm_ascend_chunk.scheduler.requests import UserRequest
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -63,7 +63,7 @@ class ChunkPrefills:
         self._counter = itertools.count()
         self._id_prefix = f"{CHUNK_PREFILL_ID_PREFIX}{uuid.uuid4().hex[:8]}-"
 
-    def create(self, user: ChunkPathRequest, created: Sequence[Entry]) -> list[ChunkPrefill]:
+    def create(self, user: UserRequest, created: Sequence[Entry]) -> list[ChunkPrefill]:
         """The prefills that compute `created`, entries `user` holds: one per chunk, `SYS + C_i`
         (SYS stored by the first of them if it is created too), or SYS alone."""
         info, ids = user.info, user.request.prompt_token_ids
@@ -83,7 +83,7 @@ class ChunkPrefills:
         return prefills
 
     def _new(
-        self, token_ids: list[int], rows: list[int], entries: list[Entry], user: ChunkPathRequest
+        self, token_ids: list[int], rows: list[int], entries: list[Entry], user: UserRequest
     ) -> ChunkPrefill:
         prefill = ChunkPrefill(
             request_id=f"{self._id_prefix}{next(self._counter)}",

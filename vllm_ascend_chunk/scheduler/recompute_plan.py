@@ -14,7 +14,7 @@ from vllm_ascend_chunk.core.layouts import Layout
 from vllm_ascend_chunk.core.paging import slot_of
 from vllm_ascend_chunk.core.stats import ChunkCacheStats
 from vllm_ascend_chunk.core.step import ScoreSpec
-from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest
+from vllm_ascend_chunk.scheduler.requests import UserRequest
 from vllm_ascend_chunk.scheduler.selection import Phase, Selection
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class RecomputePlanner:
     (`vllm_adapter.scheduler`); with no request selecting, every call returns at once."""
 
     def __init__(
-        self, users: dict[str, ChunkPathRequest], layout: Layout, block_size: int, stats: ChunkCacheStats
+        self, users: dict[str, UserRequest], layout: Layout, block_size: int, stats: ChunkCacheStats
     ) -> None:
         self.users = users
         """The coordinator's chunk-path requests (read here; their selections and blocks kept)."""
@@ -58,7 +58,7 @@ class RecomputePlanner:
         """Some request recomputes in place: the scheduler's recovery calls have work."""
         return bool(self.selecting)
 
-    def attach(self, user: ChunkPathRequest) -> None:
+    def attach(self, user: UserRequest) -> None:
         """A new chunk-path request: its `qattn` (or `cover`) passes, if it may recompute
         anything in place."""
         info = user.info
@@ -73,7 +73,7 @@ class RecomputePlanner:
         """The request is finished: nothing of it is planned again."""
         self.selecting.discard(request_id)
 
-    def _selecting(self, request_id: str) -> ChunkPathRequest | None:
+    def _selecting(self, request_id: str) -> UserRequest | None:
         return self.users.get(request_id) if request_id in self.selecting else None
 
     def take_shifts(self) -> dict[str, int]:

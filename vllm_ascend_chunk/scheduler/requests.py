@@ -30,8 +30,9 @@ class ChunkPathStatus(enum.Enum):
 
 
 @dataclass
-class ChunkPathRequest:
-    """A chunk-path request and its chunk-cache state."""
+class UserRequest:
+    """A client's chunk-path request (not a chunk prefill the coordinator made) and its
+    chunk-cache state."""
 
     request: Request
     info: ChunkCacheInfo

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 from vllm_ascend_chunk.core.step import ChunkCacheStepMetadata, ScoreSpec
 from vllm_ascend_chunk.scheduler.prefills import Saves
-from vllm_ascend_chunk.scheduler.requests import ChunkPathRequest
+from vllm_ascend_chunk.scheduler.requests import UserRequest
 
 
 class StepBuilder:
     def __init__(self) -> None:
         self.meta = ChunkCacheStepMetadata()
-        self.loaded: list[ChunkPathRequest] = []
+        self.loaded: list[UserRequest] = []
         """Requests admitted with a load in this step (LOADING until it is sent)."""
 
-    def load(
-        self, user: ChunkPathRequest, rows: list[int], slots: list[int], deltas: list[int] | None
-    ) -> None:
+    def load(self, user: UserRequest, rows: list[int], slots: list[int], deltas: list[int] | None) -> None:
         """`user`'s chunk region: pool `rows` into its paged-cache `slots` (re-rotated by `deltas`)."""
         self.loaded.append(user)
         self.meta.load_rows += rows
