@@ -121,8 +121,13 @@ class VllmServer:
         log_path: str | Path | None = None,
         port: int | None = None,
         start_timeout: float = 300.0,
+        checkout: Path | None = None,
     ) -> None:
+        """`checkout`: another checkout of this project to serve from (its `.venv`, whose vLLM
+        that checkout patched, started in that directory); default: this interpreter."""
         self.model = str(model)
+        self.checkout = checkout
+        self.python = str(checkout / ".venv" / "bin" / "python") if checkout else sys.executable
         self.args = list(args)
         self.env = dict(env or {})
         self.port = port or free_port()
@@ -137,7 +142,7 @@ class VllmServer:
     @property
     def command(self) -> list[str]:
         return [
-            sys.executable,
+            self.python,
             "-m",
             "vllm.entrypoints.cli.main",
             "serve",
@@ -186,6 +191,7 @@ class VllmServer:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                cwd=self.checkout,  # `python -m` imports from the working directory first
             )
         _RUNNING.add(self)
         try:
