@@ -26,7 +26,6 @@ import itertools
 import json
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,8 +34,8 @@ from pathlib import Path
 from benchmarks.rag_servers import ttft_request
 from benchmarks.rag_summary import percentile
 from harness import rag_workload
-from harness.machine import machine_info
-from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, start_all
+from harness.machine import git_state, machine_info
+from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, start_all, tiny_serve_args
 
 NAME = "tiny-rag"
 SERVERS = ("this", "baseline")
@@ -63,14 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def commit(checkout: Path) -> str:
-    """The checkout's commit (with `+dirty` when its tracked files changed)."""
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(checkout), *cmd], capture_output=True, text=True
-        ).stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
+    """The checkout's short commit (with `+dirty` when its tracked files changed)."""
+    state = git_state(checkout)
+    return state["commit"][:7] + ("+dirty" if state["dirty"] else "")
 
 
 def make_server(args: argparse.Namespace, log_dir: Path, which: str) -> VllmServer:
@@ -82,17 +76,7 @@ def make_server(args: argparse.Namespace, log_dir: Path, which: str) -> VllmServ
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
         "PYTHONPATH": None,  # each server imports its own checkout's package
     }
-    cli = [
-        "--served-model-name",
-        NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "4096",
-        "--seed",
-        "0",
-        "--enable-prefix-caching",
-    ]
+    cli = [*tiny_serve_args(NAME), "--enable-prefix-caching"]
     checkout = args.baseline.resolve() if which == "baseline" else None
     return VllmServer(
         args.model.resolve(), cli, env=env, log_path=log_dir / f"{which}.log", checkout=checkout

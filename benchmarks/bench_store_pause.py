@@ -41,7 +41,7 @@ from benchmarks.rag_servers import read_counters, ttft_request
 from harness import rag_workload
 from harness.machine import machine_info
 from harness.mooncake_store import MooncakeProcs
-from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, scrape
+from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, scrape, tiny_serve_args
 
 NAME = "tiny-rag"
 REMOTE = {
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
             "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
         }
-        cli = ["--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "4096", "--seed", "0"]
+        cli = tiny_serve_args(NAME)
         with VllmServer(args.model, cli, env=env, log_path=log_dir / "server.log") as server:
             result["server_command"] = portable(shlex.join(server.command[1:]))
             result["server_env"] = {k: v for k, v in env.items() if "REMOTE_M" not in k}

@@ -38,7 +38,7 @@ from benchmarks.rag_servers import read_counters, ttft_request
 from harness import rag_workload
 from harness.machine import machine_info
 from harness.mooncake_store import MooncakeProcs
-from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable
+from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, tiny_serve_args
 
 NAME = "tiny-rag"
 TIER_COUNTERS = {
@@ -64,7 +64,7 @@ def server(args, log_dir: Path, label: str, **env: str) -> VllmServer:
         "VLLM_CHUNK_CACHE_SIZE_GB": f"{args.pool_gb:.6f}",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
     }
-    cli = ["--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "8192", "--seed", "0"]
+    cli = tiny_serve_args(NAME, 8192)
     return VllmServer(args.model, cli, env={**base, **env}, log_path=log_dir / f"{label}.log")
 
 

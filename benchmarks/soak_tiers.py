@@ -39,7 +39,7 @@ from pathlib import Path
 from harness import rag_workload
 from harness.machine import machine_info
 from harness.mooncake_store import MooncakeProcs
-from harness.serve_util import MODELS, VllmServer, openai_client, portable
+from harness.serve_util import MODELS, VllmServer, openai_client, portable, tiny_serve_args
 from harness.store_faults import FaultInjector, FaultSettings, fault_plan
 
 NAME = "tiny-llama"
@@ -77,7 +77,7 @@ def start_server(args, store: MooncakeProcs, log: Path) -> VllmServer:
         **store.server_env(timeout_s=2, part_mb=args.part_kb / 1024),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
     }
-    cli = ["--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "4096", "--seed", "0"]
+    cli = tiny_serve_args(NAME)
     return VllmServer(args.model, cli, env=env, log_path=log).start()
 
 

@@ -39,7 +39,7 @@ def machine_info() -> dict:
         pass
     info["versions"] = _versions()
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        info["git"] = _git_state()
+        info["git"] = git_state()
     return info
 
 
@@ -53,11 +53,12 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _git_state() -> dict:
+def git_state(checkout: Path = REPO) -> dict:
+    """The checkout's commit, and whether its tracked files changed since."""
     commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=checkout, capture_output=True, text=True
     ).stdout.strip()
     return {"commit": commit, "dirty": bool(dirty)}

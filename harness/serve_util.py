@@ -109,6 +109,21 @@ def openai_client(url: str, timeout: float, **kwargs):
     return openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=timeout, max_retries=0, **kwargs)
 
 
+def tiny_serve_args(name: str, max_model_len: int = 4096) -> list[str]:
+    """The `vllm serve` arguments every tiny-model server here starts with: served as `name`,
+    float32, `max_model_len` tokens, seed 0."""
+    return [
+        "--served-model-name",
+        name,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
+        "--seed",
+        "0",
+    ]
+
+
 class VllmServer:
     """One `vllm serve MODEL ARGS...` subprocess on 127.0.0.1, its output in a log file."""
 

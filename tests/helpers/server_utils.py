@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness.serve_util import VllmServer, openai_client, scrape
+from harness.serve_util import VllmServer, openai_client, scrape, tiny_serve_args
 from harness.serve_util import requests_in_flight as requests_in_flight  # (re-exported)
 
 TIMEOUT = 60
@@ -32,17 +32,7 @@ def vllm_server(
     """`vllm serve` on `model_dir` as "tiny-llama" (float32, 4096 tokens, seed 0, then
     `extra_args`; its worker in the engine-core process unless `env` says otherwise:
     `WORKER_IN_ENGINE_CORE`); yields its URL."""
-    args = [
-        "--served-model-name",
-        "tiny-llama",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "4096",
-        "--seed",
-        "0",
-        *extra_args,
-    ]
+    args = [*tiny_serve_args("tiny-llama"), *extra_args]
     with VllmServer(model_dir, args, env=WORKER_IN_ENGINE_CORE | (env or {}), log_path=log) as server:
         yield server.url
 
