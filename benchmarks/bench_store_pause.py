@@ -7,16 +7,17 @@ the same traffic, the store running in the first and paused (SIGSTOP) for `--pau
     python -m benchmarks.bench_store_pause --repeats 3 --out ...   # ~9 min: 3 windows a phase
 
 The traffic in each window: one client streaming ordinary prompts back to back (`--decode-tokens`
-each, ignore_eos), whose inter-token latencies vLLM's own histogram
-counts (engine-core timestamps; the window's share of `vllm:inter_token_latency_seconds`); a
+each, ignore_eos), whose inter-token latencies the server measures (engine-core timestamps of
+consecutive tokens: each sample of `vllm:inter_token_latency_seconds`, recorded one by one by
+`harness.itl_log`, since that histogram's lowest edge, 10 ms, is above most of them); a
 chunked request every `--pool-every-s` whose documents are all in the device pool (TTFT samples);
 and `--store-requests` chunked requests whose documents only the store holds (written by this
 server, then dropped from its pool by a cache reset), sent while the store is paused in the second
 window. Reported per window: ITL mean, p50, p99 and stalls over 1 s, the longest wait for a token
 a client saw inside the pause's span, the pool requests' TTFT p50, the store requests' TTFTs and
 the remote counters; and the paused/running ratios. Ratios come from one run; with `--repeats`
-the windows alternate (running, paused, running, ...) and each phase's are pooled (histograms
-summed, samples together; each window's figures are kept too).
+the windows alternate (running, paused, running, ...) and each phase's are pooled (samples
+together, vLLM's histograms summed; each window's figures are kept too).
 
 Outputs: `--out` JSON (samples, summaries, ratios, the command, the machine) and a PNG beside it.
 """
@@ -38,7 +39,7 @@ import requests
 
 from benchmarks.bench_tiers import settle_writes
 from benchmarks.rag_servers import read_counters, ttft_request
-from harness import rag_workload
+from harness import itl_log, rag_workload
 from harness.machine import machine_info
 from harness.mooncake_store import MooncakeProcs
 from harness.serve_util import MODELS, REPO, VllmServer, openai_client, portable, scrape, tiny_serve_args
@@ -90,40 +91,37 @@ def itl_histogram(server: VllmServer) -> dict[float, float]:
     return out
 
 
-def itl_summary(before: dict[float, float], after: dict[float, float]) -> dict:
-    """The window's ITLs from the histogram's growth: count, mean, p50 and p99 (interpolated in
-    their bucket, as Prometheus' `histogram_quantile`), and how many took over 1 s (stalls)."""
-    bounds = sorted(b for b in after if b >= 0)
-    cum = [after[b] - before.get(b, 0.0) for b in bounds]
-    count = cum[-1]  # the +Inf bucket
-
-    def quantile(q: float) -> float | None:
-        if not count:
-            return None
-        rank, lo, below = q * count, 0.0, 0.0
-        for b, c in zip(bounds, cum, strict=True):
-            if c >= rank:
-                hi = b if b != float("inf") else lo
-                return 1000 * (lo + (hi - lo) * (rank - below) / max(c - below, 1e-9))
-            lo, below = b, c
+def quantile(values: list[float], q: float) -> float | None:
+    """The nearest-rank `q` quantile of `values` (None: no values)."""
+    if not values:
         return None
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
 
-    over_1s = count - cum[bounds.index(1.0)]
+
+def itl_summary(itls_ms: list[float], delta: dict[float, float]) -> dict:
+    """A window's ITLs: count, mean, p50 and p99 (nearest rank) and how many took over 1 s
+    (stalls), from the samples; vLLM's histogram of them (`delta`: its growth over the window,
+    upper bound (s) → cumulative count), kept beside them as that server's own account."""
+    bounds = sorted(b for b in delta if b >= 0)
     return {
-        "itl_count": count,
-        "itl_mean_ms": 1000 * (after[-1] - before.get(-1, 0.0)) / count if count else None,
-        "itl_p50_ms": quantile(0.5),
-        "itl_p99_ms": quantile(0.99),
-        "itl_over_1s": over_1s,
-        "itl_buckets": dict(zip([str(b) for b in bounds], cum, strict=True)),
+        "itl_count": len(itls_ms),
+        "itl_mean_ms": statistics.fmean(itls_ms) if itls_ms else None,
+        "itl_p50_ms": quantile(itls_ms, 0.5),
+        "itl_p99_ms": quantile(itls_ms, 0.99),
+        "itl_over_1s": sum(1 for t in itls_ms if t > 1000),
+        "itl_histogram_count": delta.get(float("inf"), 0.0),
+        "itl_buckets": {str(b): delta[b] for b in bounds},
     }
 
 
 class Window:
     """One window of traffic: a decoding client, pool requests on a timer, store requests."""
 
-    def __init__(self, server: VllmServer, args: argparse.Namespace, pool_docs: list[str]) -> None:
-        self.server, self.args, self.pool_docs = server, args, pool_docs
+    def __init__(
+        self, server: VllmServer, args: argparse.Namespace, pool_docs: list[str], itls: Path
+    ) -> None:
+        self.server, self.args, self.pool_docs, self.itls = server, args, pool_docs, itls
         self.workload = rag_workload.RagWorkload(doc_tokens=args.doc_tokens)
         self.stop = threading.Event()
         self.gaps: list[tuple[float, float]] = []
@@ -144,6 +142,7 @@ class Window:
             threads.append(threading.Thread(target=self._store_request, args=(docs, at, seed + i)))
         before = self.server.metrics()
         itl_before = itl_histogram(self.server)
+        first = len(itl_log.read(self.itls))
         for t in threads:
             t.start()
         if pause is not None:
@@ -157,11 +156,17 @@ class Window:
             t.join(timeout=120)
         after = read_counters(self.server, before, (REMOTE["reads"],))
         itl_after = itl_histogram(self.server)
+        itls_ms = [1000 * t for t in itl_log.read(self.itls)[first:]]
         counters = {
             k: after.get(c, 0.0) - (0 if k == "up" else before.get(c, 0.0)) for k, c in REMOTE.items()
         }
         delta = {b: n - itl_before.get(b, 0.0) for b, n in itl_after.items()}
-        return {**itl_summary({}, delta), **self.summary(counters), "itl_delta": delta}
+        return {
+            **itl_summary(itls_ms, delta),
+            **self.summary(counters),
+            "itl_delta": delta,
+            "itls_ms": itls_ms,
+        }
 
     def _decode(self, seed: int) -> None:
         client = openai_client(self.server.url, timeout=300)
@@ -240,14 +245,16 @@ def prime(server: VllmServer, args: argparse.Namespace, docs: list[str]) -> None
 
 
 def pooled(windows: list[dict]) -> dict:
-    """One phase's windows as one: their ITL histograms summed, their samples together."""
+    """One phase's windows as one: their samples together, their ITL histograms summed."""
     delta: dict[float, float] = {}
     for w in windows:
         for b, n in w["itl_delta"].items():
             delta[b] = delta.get(b, 0.0) + n
     samples = {k: [s for w in windows for s in w["samples"][k]] for k in windows[0]["samples"]}
+    itls_ms = [t for w in windows for t in w["itls_ms"]]
+    samples["itls_ms"] = [round(t, 3) for t in itls_ms]
     return {
-        **itl_summary({}, delta),
+        **itl_summary(itls_ms, delta),
         "longest_wait_ms": max(w["longest_wait_ms"] for w in windows),
         "decode_ttft_max_ms": max(w["decode_ttft_max_ms"] or 0.0 for w in windows),
         "pool_ttft_p50_ms": statistics.median(s["ttft_ms"] for s in samples["pool"]),
@@ -279,8 +286,10 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
             "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
         }
+        itls = log_dir / "itl.log"
+        recorder = itl_log.plugin_env(log_dir / "itl-plugin", itls)
         cli = tiny_serve_args(NAME)
-        with VllmServer(args.model, cli, env=env, log_path=log_dir / "server.log") as server:
+        with VllmServer(args.model, cli, env={**env, **recorder}, log_path=log_dir / "server.log") as server:
             result["server_command"] = portable(shlex.join(server.command[1:]))
             result["server_env"] = {k: v for k, v in env.items() if "REMOTE_M" not in k}
             prime(server, args, stored)
@@ -293,7 +302,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             for i in range(2 * args.repeats):  # running, paused, running, ...
                 phase, pause = ("running", None) if i % 2 == 0 else ("paused", store)
                 docs = groups[i * args.store_requests : (i + 1) * args.store_requests]
-                windows[phase].append(Window(server, args, pool_docs).run(docs, pause, seed=i))
+                windows[phase].append(Window(server, args, pool_docs, itls).run(docs, pause, seed=i))
                 print(f"{phase}: {_brief(windows[phase][-1])}", flush=True)
                 time.sleep(args.timeout_s + 2)  # readers stuck in the paused store come back
     finally:
@@ -301,7 +310,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
     for phase, ws in windows.items():
         result[phase] = pooled(ws)
         result[f"{phase}_windows"] = [
-            {k: v for k, v in w.items() if k not in ("samples", "itl_delta")} for w in ws
+            {k: v for k, v in w.items() if k not in ("samples", "itl_delta", "itls_ms")} for w in ws
         ]
     run_ = result["running"]
     paused = result["paused"]
@@ -332,13 +341,17 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (hist, ttft) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (dist, ttft) = plt.subplots(1, 2, figsize=(11, 4))
     for phase, color in (("running", "tab:blue"), ("paused", "tab:red")):
         w = result[phase]
-        bounds = list(w["itl_buckets"])
-        cum = list(w["itl_buckets"].values())
-        counts = [c - p for c, p in zip(cum, [0.0, *cum[:-1]], strict=True)]
-        hist.step(range(len(bounds)), counts, where="mid", color=color, label=f"store {phase}")
+        itls = sorted(w["samples"]["itls_ms"])
+        dist.step(itls, [(i + 1) / len(itls) for i in range(len(itls))], where="post", color=color)
+        dist.plot(
+            [],
+            [],
+            color=color,
+            label=f"store {phase}: p50 {w['itl_p50_ms']:.2f}, p99 {w['itl_p99_ms']:.2f} ms",
+        )
         for kind, marker in (("pool", "o"), ("store", "x")):
             samples = w["samples"][kind]
             label = f"{phase}: docs in {kind}"
@@ -349,11 +362,10 @@ def plot(result: dict, path: Path) -> None:
                 color=color,
                 label=label,
             )
-    hist.set_xticks(range(len(bounds)), [f"{float(b):g}" for b in bounds], rotation=90, fontsize=7)
-    hist.set_yscale("symlog")
-    hist.set_xlabel("ITL bucket upper bound (s), engine-side")
-    hist.set_ylabel("tokens")
-    hist.legend(fontsize=8)
+    dist.set_xscale("log")
+    dist.set_xlabel("ITL (ms), engine-side")
+    dist.set_ylabel("fraction of tokens at or below")
+    dist.legend(fontsize=8)
     ttft.axvspan(0.5, 0.5 + result["args"]["pause_s"], color="0.92", label="paused span")
     ttft.set_yscale("log")
     ttft.set_xlabel("seconds into the window")
