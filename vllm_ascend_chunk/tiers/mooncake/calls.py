@@ -6,19 +6,16 @@ Mooncake client until the transfer gives up (`MC_TCP_*_TIMEOUT_SEC`; the client 
 condition variable only when built with `USE_EVENT_DRIVEN_COMPLETION`, which the wheels are not):
 a whole core for seconds, which on a small machine slows the forward beside it. `Calls` runs each
 call on a thread of a small pool, placed off the worker's compute cores. A call whose thread has
-spent `stuck_s` of CPU time in it is spinning, and its thread moves to the idle scheduling class
-(`SCHED_IDLE`): any other thread that wakes on its core takes the core from it at once. It leaves
-the pool when its call returns: an unprivileged process cannot raise a thread back, so the calls
-after it run on fresh threads at the normal priority.
+spent `stuck_s` of CPU time in it is spinning, and its thread drops to the lowest priority
+(nice 19: about 1.5% of a core beside one busy thread), and leaves the pool when its call returns:
+an unprivileged process cannot raise a thread back, so the calls after it run on fresh threads at
+the normal priority.
 
 Only spinning calls are demoted. A call that is merely slow, as on a machine whose cores engines
 keep busy, spends little CPU and keeps its priority: demoting by wall time alone starved the
-health probe there, and the store was reported down. The idle class rather than nice 19: a nice-19
-thread that has the core keeps it for up to a scheduler slice after the engine's own threads wake
-beside it, which on 2 cores cost decoding requests a mean inter-token latency 1.84x that without
-the stuck call, against 1.33x in the idle class (`benchmarks/bench_store_pause.py`, one pair of
-windows each). A demoted thread still runs when its core would otherwise idle, and the kernel gives
-the idle class a small share of a busy core, so a stuck call still ends at its transfer bound.
+health probe there, and the store was reported down. Nice 19 rather than the idle scheduling
+class for the same reason: an idle-class thread never runs while the cores are busy, nor releases
+what it holds inside the client.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from typing import Any, TypeVar
 logger = logging.getLogger("vllm.chunk_cache")
 
 T = TypeVar("T")
+_DEMOTED_NICE = 19
 _RECHECK_S = 0.05
 """How often a call past `stuck_s` of wall time that has not spun as long is looked at again."""
 
@@ -172,14 +170,14 @@ class Calls:
 
 def _demote(tid: int, stuck_s: float) -> None:
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))  # on Linux: that thread alone
+        os.setpriority(os.PRIO_PROCESS, tid, _DEMOTED_NICE)  # on Linux: that thread alone
     except (AttributeError, OSError) as e:  # not Linux, or the thread just ended
         logger.debug("Chunk Cache remote store: Mooncake call thread %d not demoted (%s)", tid, e)
         return
     logger.debug(
-        "Chunk Cache remote store: a Mooncake call spun %g s of CPU; its thread is now in the idle "
-        "scheduling class",
+        "Chunk Cache remote store: a Mooncake call spun %g s of CPU; its thread now runs at nice %d",
         stuck_s,
+        _DEMOTED_NICE,
     )
 
 

@@ -13,8 +13,7 @@ of miss; `cancel()` on it before its read starts skips the read. Threads: one wr
 readers, one deadline watcher and one connector, whatever the number of operations. They hand
 every call of the Mooncake client to `calls.Calls`' threads, which run off the worker's compute
 cores (where it is bound to some): a read stuck in a stopped store spins its thread's core inside
-the client, and once that thread has spent `STUCK_CALL_S` of CPU time there it moves to the idle
-scheduling class.
+the client, and once that thread has spent `STUCK_CALL_S` of CPU time there it drops to nice 19.
 
 Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
@@ -95,7 +94,7 @@ _READERS = 2
 STUCK_CALL_S = 0.1
 """A Mooncake call whose thread has spent this much CPU time in it is spinning: its thread is
 demoted (`calls`). A read of a working store spins for milliseconds; a demoted call still runs,
-only in the idle scheduling class."""
+only at the lowest priority."""
 _CORRUPT_LOG_INTERVAL_S = 60.0
 
 
