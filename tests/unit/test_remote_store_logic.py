@@ -265,7 +265,6 @@ def test_the_threads_calling_mooncake_run_off_the_compute_cores(
     assert {"put", "get", "is_exist"} <= set(mooncake.callers)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scheduling classes per thread")
 def _nice(mooncake: FakeMooncake, op: str, name: str) -> int | None:
     """The nice value of the thread that last called `op` on `name` (None: not yet, or it ended)."""
     try:
@@ -274,6 +273,12 @@ def _nice(mooncake: FakeMooncake, op: str, name: str) -> int | None:
         return None
 
 
+per_thread_priorities = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="priorities per thread"
+)
+
+
+@per_thread_priorities
 def test_a_spinning_call_drops_its_thread_to_nice_19_and_the_calls_after_it_run_at_normal_priority(
     mooncake: FakeMooncake, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -298,6 +303,7 @@ def test_a_spinning_call_drops_its_thread_to_nice_19_and_the_calls_after_it_run_
     wait_for(lambda: not os.path.exists(f"/proc/self/task/{stuck}"), 30, "the demoted thread ended")
 
 
+@per_thread_priorities
 def test_a_slow_call_that_does_not_spin_keeps_its_priority_and_its_thread(
     mooncake: FakeMooncake, make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

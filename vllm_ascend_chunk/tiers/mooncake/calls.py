@@ -14,8 +14,8 @@ the normal priority.
 Only spinning calls are demoted. A call that is merely slow, as on a machine whose cores engines
 keep busy, spends little CPU and keeps its priority: demoting by wall time alone starved the
 health probe there, and the store was reported down. Nice 19 rather than the idle scheduling
-class for the same reason: an idle-class thread never runs while the cores are busy, nor releases
-what it holds inside the client.
+class: an idle-class thread barely runs while the cores are busy, nor releases what it holds
+inside the client, and it bought nothing measurable (`docs/operator/tiers.md`, a paused store).
 """
 
 from __future__ import annotations
