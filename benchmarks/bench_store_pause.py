@@ -346,12 +346,8 @@ def plot(result: dict, path: Path) -> None:
         w = result[phase]
         itls = sorted(w["samples"]["itls_ms"])
         dist.step(itls, [(i + 1) / len(itls) for i in range(len(itls))], where="post", color=color)
-        dist.plot(
-            [],
-            [],
-            color=color,
-            label=f"store {phase}: p50 {w['itl_p50_ms']:.2f}, p99 {w['itl_p99_ms']:.2f} ms",
-        )
+        label = f"store {phase}: p50 {w['itl_p50_ms']:.2f}, p99 {w['itl_p99_ms']:.2f} ms"
+        dist.plot([], [], color=color, label=label)
         for kind, marker in (("pool", "o"), ("store", "x")):
             samples = w["samples"][kind]
             label = f"{phase}: docs in {kind}"
@@ -363,6 +359,10 @@ def plot(result: dict, path: Path) -> None:
                 label=label,
             )
     dist.set_xscale("log")
+    longest = max(max(result[phase]["samples"]["itls_ms"]) for phase in ("running", "paused"))
+    ticks = [2**k for k in range(11) if 2**k <= longest]
+    dist.set_xticks(ticks, [str(t) for t in ticks])
+    dist.minorticks_off()
     dist.set_xlabel("ITL (ms), engine-side")
     dist.set_ylabel("fraction of tokens at or below")
     dist.legend(fontsize=8)
