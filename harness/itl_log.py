@@ -18,6 +18,7 @@ from pathlib import Path
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 LOG_ENV = "CHUNK_CACHE_BENCH_ITL_LOG"
+PLUGIN = "chunk_cache_itl_file"
 _DIST = "chunk_cache_bench_itl_log-0.dist-info"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,11 +48,14 @@ def plugin_env(directory: Path, log: Path) -> dict[str, str]:
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: chunk-cache-bench-itl-log\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        f"[vllm.stat_logger_plugins]\nitl_file = {__name__}:{ItlFileLogger.__name__}\n"
+        f"[vllm.stat_logger_plugins]\n{PLUGIN} = {__name__}:{ItlFileLogger.__name__}\n"
     )
     log.write_text("")
     path = [str(directory), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {"PYTHONPATH": os.pathsep.join(path), LOG_ENV: str(log)}
+    env = {"PYTHONPATH": os.pathsep.join(path), LOG_ENV: str(log)}
+    if allowed := os.environ.get("VLLM_PLUGINS"):  # vLLM then loads only the plugins it names
+        env["VLLM_PLUGINS"] = f"{allowed},{PLUGIN}"
+    return env
 
 
 def read(log: Path) -> list[float]:

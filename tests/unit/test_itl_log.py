@@ -23,7 +23,7 @@ def test_the_plugin_env_makes_vllm_find_the_recorder_and_the_recorder_writes_eac
     assert env[itl_log.LOG_ENV] == str(log)
     monkeypatch.setattr(sys, "path", [*env["PYTHONPATH"].split(os.pathsep), *sys.path])
     found = importlib.metadata.entry_points(group="vllm.stat_logger_plugins")
-    assert [p.load() for p in found if p.name == "itl_file"] == [itl_log.ItlFileLogger]
+    assert [p.load() for p in found if p.name == itl_log.PLUGIN] == [itl_log.ItlFileLogger]
 
     monkeypatch.setenv(itl_log.LOG_ENV, str(log))
     recorder = itl_log.ItlFileLogger(vllm_config=None)
@@ -35,6 +35,17 @@ def test_the_plugin_env_makes_vllm_find_the_recorder_and_the_recorder_writes_eac
     with log.open("a") as f:
         f.write("0.3")  # a line still being written
     assert itl_log.read(log) == [0.0021, 0.5, 1.25]
+
+
+def test_a_server_told_which_plugins_to_load_is_told_to_load_the_recorder_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert "VLLM_PLUGINS" not in itl_log.plugin_env(tmp_path, tmp_path / "itl.log")
+    monkeypatch.setenv("VLLM_PLUGINS", "chunk_cache")
+    assert (
+        itl_log.plugin_env(tmp_path, tmp_path / "itl.log")["VLLM_PLUGINS"] == f"chunk_cache,{itl_log.PLUGIN}"
+    )
 
 
 def test_the_recorder_refuses_to_start_without_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
