@@ -16,11 +16,13 @@ import os
 from pathlib import Path
 
 from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats
+
+from harness.serve_util import REPO
 
 LOG_ENV = "CHUNK_CACHE_BENCH_ITL_LOG"
 PLUGIN = "chunk_cache_itl_file"
 _DIST = "chunk_cache_bench_itl_log-0.dist-info"
-REPO = Path(__file__).resolve().parent.parent
 
 
 class ItlFileLogger(StatLoggerBase):
@@ -32,7 +34,13 @@ class ItlFileLogger(StatLoggerBase):
             raise RuntimeError(f"the ITL log plugin is loaded but {LOG_ENV} names no file")
         self._file = open(path, "a")  # noqa: SIM115 (the server's lifetime)
 
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: object,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: object = None,
+        engine_idx: int = 0,
+    ) -> None:
         if iteration_stats is not None and iteration_stats.inter_token_latencies_iter:
             self._file.write("".join(f"{itl!r}\n" for itl in iteration_stats.inter_token_latencies_iter))
             self._file.flush()
