@@ -9,15 +9,16 @@ the same traffic, the store running in the first and paused (SIGSTOP) for `--pau
 The traffic in each window: one client streaming ordinary prompts back to back (`--decode-tokens`
 each, ignore_eos), whose inter-token latencies the server measures (engine-core timestamps of
 consecutive tokens: each sample of `vllm:inter_token_latency_seconds`, recorded one by one by
-`harness.itl_log`, since that histogram's lowest edge, 10 ms, is above most of them); a
-chunked request every `--pool-every-s` whose documents are all in the device pool (TTFT samples);
-and `--store-requests` chunked requests whose documents only the store holds (written by this
-server, then dropped from its pool by a cache reset), sent while the store is paused in the second
-window. Reported per window: ITL mean, p50, p99 and stalls over 1 s, the longest wait for a token
-a client saw inside the pause's span, the pool requests' TTFT p50, the store requests' TTFTs and
-the remote counters; and the paused/running ratios. Ratios come from one run; with `--repeats`
-the windows alternate (running, paused, running, ...) and each phase's are pooled (samples
-together, vLLM's histograms summed; each window's figures are kept too).
+`harness.itl_log`, since that histogram's lowest edge, 10 ms, is above most of them); a chunked
+request every `--pool-every-s` whose documents are all in the device pool (TTFT samples); and
+`--store-requests` chunked requests whose documents only the store holds (written by this server,
+then dropped from its pool by a cache reset), sent while the store is paused in the second window
+(with `--spinner`, the store keeps running and a busy loop runs on the spare CPU instead). Reported
+per window: ITL mean, p50, p99 and stalls over 1 s, the longest wait for a token a client saw inside
+the pause's span, the pool requests' TTFT p50, the store requests' TTFTs and the remote counters;
+and the paused/running ratios. Ratios come from one run; with `--repeats` the windows alternate
+(running, paused, running, ...) and each phase's are pooled (samples together, vLLM's histograms
+summed; each window's figures are kept too).
 
 Outputs: `--out` JSON (samples, summaries, ratios, the command, the machine) and a PNG beside it.
 """
@@ -27,8 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -54,6 +57,8 @@ REMOTE = {
     "up": "vllm:chunk_cache_remote_up",
 }
 DOCS_PER_REQUEST = 2
+SPINNERS = {"nice19": ["nice", "-n", "19"], "idle": ["chrt", "--idle", "0"]}
+"""How `--spinner` runs its busy loop."""
 ITL = "vllm:inter_token_latency_seconds"
 
 
@@ -68,6 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--doc-tokens", type=int, default=256)
     ap.add_argument(
         "--repeats", type=int, default=1, help="pairs of windows (running, paused), pooled per phase"
+    )
+    ap.add_argument(
+        "--spinner",
+        choices=sorted(SPINNERS),
+        help="instead of pausing the store in the second window, busy-loop a process on the last "
+        "CPU (the one the worker is not bound to) for --pause-s, at nice 19 or in the idle "
+        "scheduling class: what a stuck Mooncake call's spinning costs on its own",
     )
     ap.add_argument("--label", default="", help="what the run measures (e.g. the commit), kept in the JSON")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "tiers" / "store_pause_cpu.json")
@@ -115,6 +127,22 @@ def itl_summary(itls_ms: list[float], delta: dict[float, float]) -> dict:
     }
 
 
+class Spinner:
+    """`--spinner`: a busy loop on the last CPU, in place of the store's pause."""
+
+    def __init__(self, kind: str) -> None:
+        self.command = ["taskset", "-c", str((os.cpu_count() or 1) - 1), *SPINNERS[kind]]
+        self.command += [sys.executable, "-c", "while True: pass"]
+
+    def pause_for(self, seconds: float) -> None:
+        spinner = subprocess.Popen(self.command)
+        try:
+            time.sleep(seconds)
+        finally:
+            spinner.kill()
+            spinner.wait()
+
+
 class Window:
     """One window of traffic: a decoding client, pool requests on a timer, store requests."""
 
@@ -132,7 +160,7 @@ class Window:
         self.store: list[dict] = []
         self.t0 = 0.0
 
-    def run(self, store_docs: list[list[str]], pause: MooncakeProcs | None, seed: int) -> dict:
+    def run(self, store_docs: list[list[str]], pause: MooncakeProcs | Spinner | None, seed: int) -> dict:
         span = self.args.pause_s
         self.t0 = time.perf_counter()
         threads = [threading.Thread(target=self._decode, args=(seed,))]
@@ -302,7 +330,8 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             groups = [stored[i : i + DOCS_PER_REQUEST] for i in range(0, len(stored), DOCS_PER_REQUEST)]
             windows: dict[str, list[dict]] = {"running": [], "paused": []}
             for i in range(2 * args.repeats):  # running, paused, running, ...
-                phase, pause = ("running", None) if i % 2 == 0 else ("paused", store)
+                second = Spinner(args.spinner) if args.spinner else store
+                phase, pause = ("running", None) if i % 2 == 0 else ("paused", second)
                 docs = groups[i * args.store_requests : (i + 1) * args.store_requests]
                 windows[phase].append(Window(server, args, pool_docs, itls).run(docs, pause, seed=i))
                 print(f"{phase}: {_brief(windows[phase][-1])}", flush=True)
