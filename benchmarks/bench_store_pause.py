@@ -138,6 +138,8 @@ class Spinner:
         spinner = subprocess.Popen(self.command)
         try:
             time.sleep(seconds)
+            if spinner.poll() is not None:  # taskset or chrt refused: no loop ran
+                raise RuntimeError(f"the spinner {self.command} exited ({spinner.returncode})")
         finally:
             spinner.kill()
             spinner.wait()
@@ -329,8 +331,8 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             )  # pool docs in
             groups = [stored[i : i + DOCS_PER_REQUEST] for i in range(0, len(stored), DOCS_PER_REQUEST)]
             windows: dict[str, list[dict]] = {"running": [], "paused": []}
+            second = Spinner(args.spinner) if args.spinner else store
             for i in range(2 * args.repeats):  # running, paused, running, ...
-                second = Spinner(args.spinner) if args.spinner else store
                 phase, pause = ("running", None) if i % 2 == 0 else ("paused", second)
                 docs = groups[i * args.store_requests : (i + 1) * args.store_requests]
                 windows[phase].append(Window(server, args, pool_docs, itls).run(docs, pause, seed=i))
