@@ -13,7 +13,6 @@ import socketserver
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -24,6 +23,7 @@ from tests.store.test_kv_object import header as kv_header
 from tests.unit.test_remote_tier import GEOMETRY, IDENTITY, RETRY_S, fill, make_pool, reported_reads, step
 from vllm_ascend_chunk.config.settings import RemoteConfig
 from vllm_ascend_chunk.tiers.mooncake import store as store_module
+from vllm_ascend_chunk.tiers.mooncake.calls import Calls, spare_cpus
 from vllm_ascend_chunk.tiers.mooncake.jobs import RemoteRead, RemoteWrite
 from vllm_ascend_chunk.tiers.mooncake.kv_object import KVHeader, encode, object_size
 from vllm_ascend_chunk.tiers.mooncake.objects import MOONCAKE_TCP_BOUNDS, PROBE_NAME
@@ -144,12 +144,32 @@ class Messages(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+class InProcessClients:
+    """Clients of `client_class` made in this process, their calls on `Calls`' threads, as in the
+    client process (`tiers.mooncake.clients`, tested on its own in test_mooncake_clients.py): the
+    fake's faults and what it records stay in reach of the test."""
+
+    def __init__(self, client_class: type) -> None:
+        self.client_class = client_class
+        self.calls = Calls(store_module.STUCK_CALL_S, spare_cpus())
+
+    def new(self) -> object:
+        client = self.client_class()
+        calls = self.calls
+
+        class Guarded:
+            def __getattr__(self, method: str) -> Callable[..., object]:
+                return lambda *args: calls.submit(getattr(client, method), *args).result()
+
+        return Guarded()
+
+    def close(self) -> None:
+        self.calls.close()
+
+
 @pytest.fixture
 def mooncake(monkeypatch: pytest.MonkeyPatch) -> FakeMooncake:
     fake = FakeMooncake()
-    module = types.ModuleType("mooncake.store")
-    module.MooncakeDistributedStore = fake.client_class()
-    monkeypatch.setitem(sys.modules, "mooncake.store", module)
     for name in (*MOONCAKE_TCP_BOUNDS, "MC_STORE_CLIENT_SETUP_RETRIES"):
         monkeypatch.delenv(name, raising=False)  # set process-wide by a store: restored after the test
     return fake
@@ -170,7 +190,7 @@ def make_store(mooncake: FakeMooncake) -> Iterator[MakeStore]:
             metadata_server="http://127.0.0.1:1/metadata",
             **{"timeout_s": 2.0, "retry_s": RETRY_S, **overrides},
         )
-        stores.append(RemoteStore(config))
+        stores.append(RemoteStore(config, clients=InProcessClients(mooncake.client_class())))
         wait_for(lambda: stores[-1].up, 10, "store connected", interval_s=0.01)
         return stores[-1]
 

@@ -5,7 +5,8 @@ A get or put stuck in a stopped store process busy-polls its calling thread's co
 Mooncake client until the transfer gives up (`MC_TCP_*_TIMEOUT_SEC`; the client waits on a
 condition variable only when built with `USE_EVENT_DRIVEN_COMPLETION`, which the wheels are not):
 a whole core for seconds, which on a small machine slows the forward beside it. `Calls` runs each
-call on a thread of a small pool, placed off the worker's compute cores. A call whose thread has
+call on a thread of a small pool, in the client process (`clients`), off the worker's compute
+cores. A call whose thread has
 spent `stuck_s` of CPU time in it is spinning, and its thread drops to the lowest priority
 (nice 19: about 1.5% of a core beside one busy thread), and leaves the pool when its call returns:
 an unprivileged process cannot raise a thread back, so the calls after it run on fresh threads at
@@ -20,7 +21,6 @@ inside the client, and it bought nothing measurable (`docs/operator/tiers.md`, a
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import queue
@@ -84,7 +84,7 @@ class _Worker:
 
 class Calls:
     """Runs Mooncake client calls on pool threads, demoting the threads of stuck ones (see the
-    module). `run` blocks its caller (without spinning) until the call returns."""
+    module)."""
 
     def __init__(self, stuck_s: float, cpus: frozenset[int] | None) -> None:
         self.stuck_s = stuck_s
@@ -102,8 +102,8 @@ class Calls:
         )
         self._watchdog.start()
 
-    def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on a pool thread: what it returns, or what it raises."""
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` on a pool thread: a future of what it returns, or of what it raises."""
         future: Future[T] = Future()
 
         def job() -> None:
@@ -117,11 +117,7 @@ class Calls:
                 raise RuntimeError("Chunk Cache remote store: Mooncake calls after close")
             worker = self._idle.pop() if self._idle else None
         (worker or _Worker(self)).jobs.put(job)
-        return future.result()
-
-    def client(self, client: Any) -> Any:
-        """`client` with every method call run by `run`."""
-        return _GuardedClient(client, self)
+        return future
 
     def close(self) -> None:
         """Ends the idle threads and the watchdog; a thread still in a call ends when it returns."""
@@ -179,14 +175,3 @@ def _demote(tid: int, stuck_s: float) -> None:
         stuck_s,
         _DEMOTED_NICE,
     )
-
-
-class _GuardedClient:
-    """A Mooncake client whose method calls run on `Calls`' threads."""
-
-    def __init__(self, client: Any, calls: Calls) -> None:
-        self._client = client
-        self._calls = calls
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        return functools.partial(self._calls.run, getattr(self._client, name))

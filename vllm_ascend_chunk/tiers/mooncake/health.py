@@ -7,13 +7,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
-from vllm_ascend_chunk.tiers.mooncake.calls import Calls, run_on
 from vllm_ascend_chunk.tiers.mooncake.objects import PROBE_NAME, probe, reachable
 
 logger = logging.getLogger("vllm.chunk_cache")
+
+
+class Clients(Protocol):
+    """Where Mooncake clients are made (`clients.ClientProcess`)."""
+
+    def new(self) -> Any:
+        """A new client, not set up."""
+
+    def close(self) -> None:
+        """No more clients (the ones made should be closed first)."""
 
 
 class StoreConnection:
@@ -21,24 +30,21 @@ class StoreConnection:
         self,
         config: RemoteConfig,
         hostname: str,
-        store_class: type,
-        calls: Calls,
+        clients: Clients,
         lock: threading.Lock,
         closed: threading.Event,
         on_outage: Callable[[], None],
     ) -> None:
         self.config = config
         self._hostname = hostname
-        self._store_class = store_class
-        self._calls = calls
-        """Run the client's calls once it is set up (a stuck one spins no busy core)."""
+        self._clients = clients
         self._lock = lock
         """The store's lock: guards `up` and the suspicion with the store's own state."""
         self._closed = closed
         self._on_outage = on_outage
         """Called when the store goes down (the store resolves the reads waiting for it)."""
         self.client: Any = None
-        """A mooncake.store.MooncakeDistributedStore, its calls run by `calls`."""
+        """A mooncake.store.MooncakeDistributedStore (made by `clients`)."""
         self.up = False
         """Connected, and the last probe of the store succeeded."""
         self._ever_up = False
@@ -50,10 +56,15 @@ class StoreConnection:
         self._settled = threading.Event()
         """Clear from a suspicion until the probe it calls for has decided (`hold_reads`)."""
         self._settled.set()
+        self._tried = threading.Event()
+        """Set once the first connection attempt has ended (connected or not)."""
         self._thread = threading.Thread(target=self._loop, name="chunk-cache-remote-connect", daemon=True)
 
-    def start(self) -> None:
+    def start(self, wait_s: float) -> None:
+        """Starts the connector thread and waits (at most `wait_s`) for its first attempt: a
+        store that can be reached is up before the engine's first request."""
         self._thread.start()
+        self._tried.wait(wait_s)
 
     def wake(self) -> None:
         """Wakes the connector thread (the store is closing)."""
@@ -121,13 +132,13 @@ class StoreConnection:
         )
 
     def _loop(self) -> None:
-        run_on(self._calls.cpus)  # the client's own threads, started by `setup` here, inherit it
         while not self._closed.is_set():
             if not self.up:
                 try:
                     self._reconnect()
                 except Exception as e:  # the Mooncake binding: this thread must go on retrying
                     self.failed(f"connecting raised {e!r}")
+                self._tried.set()
             elif self._suspect is not None:
                 with self._lock:
                     suspect, self._suspect = self._suspect, None
@@ -148,9 +159,9 @@ class StoreConnection:
             return
         client = self.client
         # The Mooncake client reconnects to a restarted master by itself: a new one only when the
-        # master does not answer this one.
-        if client is None or client.is_exist(PROBE_NAME) < 0:
-            client = self._store_class()
+        # master does not answer this one (or its process is gone).
+        if client is None or not _answers(client):
+            client = self._clients.new()
             rc = client.setup(
                 self._hostname,
                 self.config.metadata_server,
@@ -167,8 +178,16 @@ class StoreConnection:
                 client.close()
                 return
             # A replaced client is released when the last read still using it returns.
-            client = self.client = self._calls.client(client)
+            self.client = client
         if (failure := self._probe(client)) is not None:
             self.failed(failure)
             return
         self._connected()
+
+
+def _answers(client: Any) -> bool:
+    """Whether the master answers `client`."""
+    try:
+        return client.is_exist(PROBE_NAME) >= 0
+    except Exception:  # the Mooncake binding, or its process is gone
+        return False

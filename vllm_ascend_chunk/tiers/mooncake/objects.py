@@ -157,17 +157,3 @@ def bound_mooncake_transfers(timeout_s: float) -> None:
         os.environ.setdefault(name, seconds)
     # One attempt per `setup`; the connector thread does the retrying.
     os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
-
-
-def mooncake_store_class() -> type:
-    """Mooncake's client class; a missing or unloadable package fails start-up, not a thread."""
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as e:
-        raise RuntimeError(
-            f"Chunk Cache: a remote store is configured but Mooncake Store cannot be loaded ({e}). "
-            "Install it (pip install mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine "
-            "on CUDA; it needs libibverbs1 from your distribution even over TCP), or unset "
-            "VLLM_CHUNK_CACHE_REMOTE_MASTER."
-        ) from e
-    return MooncakeDistributedStore

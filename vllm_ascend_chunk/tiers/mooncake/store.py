@@ -10,16 +10,20 @@ store is down, then or when the writer gets to it, when the store is full, or wh
 not match its header: `RemoteStoreStats`), `get` queues the read for two reader threads (at most
 `read_queue` waiting) and returns a future that resolves to the tensor or to `None` for every kind
 of miss; `cancel()` on it before its read starts skips the read. Threads: one writer, two
-readers, one deadline watcher and one connector, whatever the number of operations. They hand
-every call of the Mooncake client to `calls.Calls`' threads, which run off the worker's compute
-cores (where it is bound to some): a read stuck in a stopped store spins its thread's core inside
-the client, and once that thread has spent `STUCK_CALL_S` of CPU time there it drops to nice 19.
+readers, one deadline watcher and one connector, whatever the number of operations. The Mooncake
+client itself runs in a child process of a session of its own (`clients.ClientProcess`), off the
+worker's compute cores (where it is bound to some), its calls on `calls.Calls`' threads there: a
+read stuck in a stopped store spins its thread's core inside the client, which costs the worker's
+scheduling group nothing, and once that thread has spent `STUCK_CALL_S` of CPU time there it drops
+to nice 19.
 
 Objects larger than `part_bytes` are stored in parts (`tiers.mooncake.objects`: a reader never returns KV
 of a mixed or partial object, and such an object does not outlive its next read). Whether the
 store works is `health.StoreConnection`'s to tell.
 
 Faults:
+- A new store waits (at most `_FIRST_CONNECT_S`) for its first connection attempt, so that a
+  store that can be reached is up for the engine's first request.
 - Store unreachable at start-up or lost mid-run: `up` turns False and one warning is logged per
   outage; gets resolve to `None` at once, puts are dropped. A connector thread retries every
   `retry_s` (a fresh Mooncake client when the old one does not recover) and logs when it is back.
@@ -67,8 +71,9 @@ from typing import Any
 import torch
 
 from vllm_ascend_chunk.config.settings import RemoteConfig
-from vllm_ascend_chunk.tiers.mooncake.calls import Calls, spare_cpus
-from vllm_ascend_chunk.tiers.mooncake.health import StoreConnection
+from vllm_ascend_chunk.tiers.mooncake.calls import spare_cpus
+from vllm_ascend_chunk.tiers.mooncake.clients import MOONCAKE_CLIENT, ClientLoadError, ClientProcess
+from vllm_ascend_chunk.tiers.mooncake.health import Clients, StoreConnection
 from vllm_ascend_chunk.tiers.mooncake.kv_object import (
     KVHeader,
     KVObjectError,
@@ -82,7 +87,6 @@ from vllm_ascend_chunk.tiers.mooncake.objects import (
     Fetched,
     bound_mooncake_transfers,
     fetch,
-    mooncake_store_class,
     put_parts,
     remove,
 )
@@ -96,6 +100,21 @@ STUCK_CALL_S = 0.1
 demoted (`calls`). A read of a working store spins for milliseconds; a demoted call still runs,
 only at the lowest priority."""
 _CORRUPT_LOG_INTERVAL_S = 60.0
+_FIRST_CONNECT_S = 10.0
+"""How long a new store waits for its first connection attempt (a master that does not answer
+takes ~4 s to fail; an unreachable one fails at once): start-up goes on after it either way."""
+
+
+def _client_process() -> ClientProcess:
+    try:
+        return ClientProcess(MOONCAKE_CLIENT, STUCK_CALL_S, spare_cpus())
+    except ClientLoadError as e:
+        raise RuntimeError(
+            f"Chunk Cache: a remote store is configured but Mooncake Store cannot be loaded ({e}). "
+            "Install it (pip install mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine "
+            "on CUDA; it needs libibverbs1 from your distribution even over TCP), or unset "
+            "VLLM_CHUNK_CACHE_REMOTE_MASTER."
+        ) from e
 
 
 class _PendingGet:
@@ -111,7 +130,11 @@ class _PendingGet:
 class RemoteStore:
     """A Mooncake Store client with background connection, reads and writes (see the module)."""
 
-    def __init__(self, config: RemoteConfig, *, local_hostname: str = "127.0.0.1") -> None:
+    def __init__(
+        self, config: RemoteConfig, *, local_hostname: str = "127.0.0.1", clients: Clients | None = None
+    ) -> None:
+        """`clients`: where the Mooncake clients are made (None: a `clients.ClientProcess` of
+        Mooncake's client class, started here: a missing or unloadable package fails here)."""
         self.config = config
         self._lock = threading.Lock()
         self._stats = RemoteStoreStats()
@@ -127,13 +150,12 @@ class RemoteStore:
         self._in_flight: dict[_PendingGet, float] = {}
         """Reads started → their deadlines (watched by one thread)."""
         self._deadlines = threading.Condition(self._lock)
-        bound_mooncake_transfers(config.timeout_s)
-        self._calls = Calls(STUCK_CALL_S, spare_cpus())
+        bound_mooncake_transfers(config.timeout_s)  # before the client process starts: it inherits them
+        self._clients = clients or _client_process()
         self._conn = StoreConnection(
             config,
             local_hostname,
-            mooncake_store_class(),
-            self._calls,
+            self._clients,
             self._lock,
             self._closed,
             self._drain_reads,
@@ -148,7 +170,7 @@ class RemoteStore:
         self._writer = threading.Thread(target=self._write_loop, name="chunk-cache-remote-put", daemon=True)
         for thread in (*self._threads, self._watcher, self._writer):
             thread.start()
-        self._conn.start()
+        self._conn.start(_FIRST_CONNECT_S)
         # A process that exits without `close` (an offline `LLM` script) would end inside
         # Mooncake's threads: the C++ runtime aborts the process (SIGABRT) on the way out.
         atexit.register(self.close)
@@ -211,7 +233,7 @@ class RemoteStore:
         client = self._conn.stop()
         if client is not None:
             client.close()
-        self._calls.close()
+        self._clients.close()
 
     # Reads.
 
