@@ -6,11 +6,10 @@ Mooncake client until the transfer gives up (`MC_TCP_*_TIMEOUT_SEC`; the client 
 condition variable only when built with `USE_EVENT_DRIVEN_COMPLETION`, which the wheels are not):
 a whole core for seconds, which on a small machine slows the forward beside it. `Calls` runs each
 call on a thread of a small pool, in the client process (`clients`), off the worker's compute
-cores. A call whose thread has
-spent `stuck_s` of CPU time in it is spinning, and its thread drops to the lowest priority
-(nice 19: about 1.5% of a core beside one busy thread), and leaves the pool when its call returns:
-an unprivileged process cannot raise a thread back, so the calls after it run on fresh threads at
-the normal priority.
+cores. A call whose thread has spent `stuck_s` of CPU time in it is spinning, and its thread drops
+to the lowest priority (nice 19: about 1.5% of a core beside one busy thread), and leaves the pool
+when its call returns: an unprivileged process cannot raise a thread back, so the calls after it
+run on fresh threads at the normal priority.
 
 Only spinning calls are demoted. A call that is merely slow, as on a machine whose cores engines
 keep busy, spends little CPU and keeps its priority: demoting by wall time alone starved the
